@@ -1,0 +1,1 @@
+"""Benchmarks run by ``make bench``; their tables go in the README."""

@@ -1,0 +1,1 @@
+"""Trainer-side pieces of proctor (the dataserver client and the TRL integration)."""

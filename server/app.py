@@ -1,0 +1,85 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+
+from proctor.server import __version__
+from proctor.server.curriculum.loader import Curriculum, load_curriculum
+from proctor.server.deps import require_api_key
+from proctor.server.errors import install_error_handlers
+from proctor.server.metrics import Metrics
+from proctor.server.middleware import BodyLimitMiddleware, RequestMetricsMiddleware
+from proctor.server.routes import curriculum, grade, ops, sample
+from proctor.server.service import Dataserver
+from proctor.server.settings import Settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("proctor")
+
+
+def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) -> FastAPI:
+    """Build the dataserver app for ``settings``.
+
+    The curriculum is loaded here, so a broken curriculum fails before a port is bound. The lifespan opens the
+    state file, restores the curriculum state and starts the grader processes; it stops them on shutdown.
+    Pass ``curriculum_obj`` to reuse an already loaded curriculum.
+    """
+    cur = curriculum_obj or load_curriculum(settings.curriculum, seed=settings.seed)
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        server = await Dataserver.open(cur, settings, metrics)
+        # Everything allocated so far lives as long as the server: keep it out of the collector's full
+        # passes, which otherwise walk it on every gen-2 collection and show up as latency spikes.
+        gc.freeze()
+        log.info(
+            "serving curriculum %r (hash %s, seed %d) from %s; state %s; %d grader processes",
+            cur.name,
+            cur.hash,
+            cur.seed,
+            cur.path,
+            settings.state,
+            settings.grader_workers,
+        )
+        try:
+            yield {"dataserver": server, "settings": settings}
+        finally:
+            await server.close()
+
+    locked = settings.api_key is not None
+    app = FastAPI(
+        title="proctor",
+        summary="Curriculum dataserver for RL post-training: staged prompts out, graded completions in.",
+        version=__version__,
+        lifespan=lifespan,
+        # With an API key, the schema is served behind it too (below) and the browser UIs are off.
+        openapi_url=None if locked else "/openapi.json",
+        docs_url=None if locked else "/docs",
+        redoc_url=None if locked else "/redoc",
+    )
+    install_error_handlers(app)
+    protected = [Depends(require_api_key)]
+    if locked:
+
+        @app.get("/openapi.json", include_in_schema=False, dependencies=protected)
+        async def read_openapi() -> dict[str, Any]:
+            return app.openapi()
+
+    app.include_router(ops.health_router)
+    app.include_router(ops.metrics_router, dependencies=protected)
+    app.include_router(curriculum.router, dependencies=protected)
+    app.include_router(sample.router, dependencies=protected)
+    app.include_router(grade.router, dependencies=protected)
+    # Added last = outermost: the body limit applies before anything reads the body.
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,175 @@
+"""``proctor serve | validate | preview``: the command line of the dataserver."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from proctor.curricula import builtin_curricula, builtin_path
+from proctor.server.curriculum.loader import Curriculum, load_curriculum
+from proctor.server.curriculum.mixing import Mixer
+from proctor.server.curriculum.spec import CurriculumError
+from proctor.server.settings import SettingsError, load_settings
+from proctor.server.store import StateMismatchError, Store
+
+__all__ = ["main"]
+
+
+def _curriculum_path(value: str | None) -> Path | None:
+    """A path, or the name of a shipped curriculum (``arithmetic``, ``word_problems``)."""
+    if value is None:
+        return None
+    path = Path(value)
+    if not path.exists() and value in builtin_curricula():
+        return builtin_path(value)
+    return path
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from proctor.server.app import create_app
+
+    settings = load_settings(
+        curriculum=_curriculum_path(args.curriculum),
+        host=args.host,
+        port=args.port,
+        state=args.state,
+        seed=args.seed,
+        grader_workers=args.grader_workers,
+        log_level=args.log_level,
+    )
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", stream=sys.stderr
+    )
+    curriculum = load_curriculum(settings.curriculum, seed=settings.seed)
+    if settings.state != ":memory:":
+        # Refuse a state file of another curriculum here, with a plain message, rather than as a traceback
+        # from inside the server's start-up.
+        store = Store(settings.state, synchronous=settings.state_sync)
+        try:
+            store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed)
+        finally:
+            store.close()
+    app = create_app(settings, curriculum_obj=curriculum)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    curriculum = load_curriculum(_curriculum_path(args.curriculum) or builtin_path())
+    sources = ", ".join(
+        f"{n} ({s.kind}, {s.size if s.size is not None else '∞'})" for n, s in curriculum.sources.items()
+    )
+    print(f"ok: {curriculum.path}")
+    print(f"  curriculum {curriculum.name!r}, hash {curriculum.hash}, seed {curriculum.seed}")
+    print(f"  {len(curriculum.stages)} stages over {curriculum.total_iterations} iterations")
+    print(f"  sources: {sources}")
+    return 0
+
+
+def _parse_steps(text: str, total: int) -> range:
+    start_text, sep, stop_text = text.partition(":")
+    try:
+        start = int(start_text) if start_text else 0
+        stop = int(stop_text) if sep and stop_text else (total if sep else start + 1)
+    except ValueError:
+        raise SystemExit(f"--steps: expected START:STOP (e.g. 0:300), got {text!r}") from None
+    if start < 0 or stop <= start:
+        raise SystemExit(f"--steps: need 0 ≤ START < STOP, got {text!r}")
+    return range(start, stop)
+
+
+def _preview(args: argparse.Namespace) -> int:
+    curriculum = load_curriculum(_curriculum_path(args.curriculum) or builtin_path())
+    steps = _parse_steps(args.steps, curriculum.total_iterations)
+    print(
+        f"{curriculum.name} (hash {curriculum.hash}, seed {curriculum.seed}): "
+        f"{len(curriculum.stages)} stages, {curriculum.total_iterations} iterations"
+    )
+    print(f"stage per step for steps {steps.start}:{steps.stop}, assuming no gate fires (each stage at its longest):")
+    for stage, first, last in _stage_runs(curriculum, steps):
+        st = curriculum.stages[stage]
+        mix = ", ".join(f"{s} {w:.0%}" for s, w in st.mix)
+        extra = f", replay {st.replay:.0%}" if st.replay else ""
+        print(f"  {first:>6}–{last:<6} {st.name}  [{mix}{extra}]")
+        if st.advance is not None:
+            a = st.advance
+            print(
+                f"  {'':>14} may end early: mean reward ≥ {a.threshold:g} over {a.window} graded completions, "
+                f"after ≥ {a.min_steps} steps"
+            )
+    if steps.stop > curriculum.total_iterations:
+        print(f"  (steps from {curriculum.total_iterations} on are past total_iterations: the last stage continues)")
+    print("a sample prompt of each stage:")
+    mixer = Mixer(curriculum)
+    seen: set[int] = set()
+    for stage, first, _ in _stage_runs(curriculum, steps):
+        if stage in seen:
+            continue
+        seen.add(stage)
+        source, key = mixer.draw(first, args.batch_size, lambda j: _step_keyed_stage(curriculum, j))[0]
+        record = curriculum.sources[source].record(key)
+        print(f"  {curriculum.stages[stage].name} [{source}]: {record.prompt!r} → {record.answer!r}")
+    return 0
+
+
+def _step_keyed_stage(curriculum: Curriculum, iteration: int) -> int:
+    for st in curriculum.stages:
+        if iteration < st.until_step:
+            return st.index
+    return len(curriculum.stages) - 1
+
+
+def _stage_runs(curriculum: Curriculum, steps: range) -> list[tuple[int, int, int]]:
+    runs: list[tuple[int, int, int]] = []
+    for j in steps:
+        stage = _step_keyed_stage(curriculum, j)
+        if runs and runs[-1][0] == stage:
+            runs[-1] = (stage, runs[-1][1], j)
+        else:
+            runs.append((stage, j, j))
+    return runs
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="proctor", description="Curriculum dataserver for RL post-training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve a curriculum over HTTP")
+    serve.add_argument("curriculum", nargs="?", help="curriculum YAML (default: the shipped arithmetic ladder)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1, env PROCTOR_HOST)")
+    serve.add_argument("--port", type=int, help="port (default 8000, env PROCTOR_PORT)")
+    serve.add_argument("--state", help="SQLite state file, or :memory: (default proctor-state.db, env PROCTOR_STATE)")
+    serve.add_argument("--seed", type=int, help="override the curriculum's seed (env PROCTOR_SEED)")
+    serve.add_argument("--grader-workers", type=int, help="grader processes (default: one per core)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(run=_serve)
+
+    validate = sub.add_parser("validate", help="check a curriculum file and its data")
+    validate.add_argument("curriculum")
+    validate.set_defaults(run=_validate)
+
+    preview = sub.add_parser("preview", help="show the stage of each step and a sample prompt of each stage")
+    preview.add_argument("curriculum")
+    preview.add_argument("--steps", default=":", help="START:STOP (default: the whole curriculum)")
+    preview.add_argument("--batch-size", type=int, default=8, help="batch size used to draw the sample prompts")
+    preview.set_defaults(run=_preview)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except (CurriculumError, SettingsError, StateMismatchError) as exc:
+        print(f"proctor {args.command}: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

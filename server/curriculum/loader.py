@@ -1,0 +1,122 @@
+"""Loads a curriculum file into a ready-to-serve :class:`Curriculum`: sources read, graders resolved, hashed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from proctor.server.curriculum.spec import AdvanceGate, CurriculumError, CurriculumSpec, parse_spec
+from proctor.server.grading.registry import GraderResolutionError, SourceGraders, resolve_graders
+from proctor.server.sources.base import Source
+from proctor.server.sources.files import SourceDataError
+from proctor.server.sources.registry import build_source
+
+__all__ = ["Curriculum", "Stage", "load_curriculum"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    index: int
+    name: str
+    until_step: int
+    mix: tuple[tuple[str, float], ...]  # weights normalised to sum to 1
+    replay: float
+    advance: AdvanceGate | None
+
+
+@dataclass(frozen=True, slots=True)
+class Curriculum:
+    """Everything the server needs, immutable once loaded."""
+
+    name: str
+    path: Path
+    seed: int
+    hash: str
+    system_prompt: str | None
+    stages: tuple[Stage, ...]
+    sources: dict[str, Source]
+    graders: dict[str, SourceGraders]
+    spec: CurriculumSpec
+
+    @property
+    def total_iterations(self) -> int:
+        return self.stages[-1].until_step
+
+
+def load_curriculum(path: str | Path, *, seed: int | None = None) -> Curriculum:
+    """Read, validate and build a curriculum; every problem is reported with its YAML path.
+
+    ``seed`` overrides the file's own seed (and so changes the hash and every procedural record).
+    """
+    path = Path(path)
+    shown = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CurriculumError([("", f"cannot read the file: {exc.strerror or exc}")], file=shown) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CurriculumError([("", f"not valid YAML: {exc}")], file=shown) from None
+    spec = parse_spec(data, file=shown)
+    if seed is not None:
+        spec = spec.model_copy(update={"seed": seed})
+    base_dir = path.resolve().parent
+
+    problems: list[tuple[str, str]] = []
+    sources: dict[str, Source] = {}
+    graders: dict[str, SourceGraders] = {}
+    for name, src_spec in spec.sources.items():
+        try:
+            sources[name] = build_source(name, src_spec, base_dir=base_dir, seed=spec.seed)
+        except SourceDataError as exc:
+            problems.append((f"sources.{name}.{exc.field}", str(exc)))
+        try:
+            graders[name] = resolve_graders(
+                src_spec.graders, spec.graders, on_error=src_spec.on_error, base_dir=base_dir
+            )
+        except GraderResolutionError as exc:
+            problems.append((f"sources.{name}.graders[{exc.index}].{exc.field}", str(exc)))
+    if problems:
+        raise CurriculumError(problems, file=shown)
+
+    stages = tuple(
+        Stage(
+            index=i,
+            name=st.name,
+            until_step=st.until_step,
+            mix=_normalise([(m.source, m.weight) for m in st.mix]),
+            replay=st.replay,
+            advance=st.advance,
+        )
+        for i, st in enumerate(spec.stages)
+    )
+    return Curriculum(
+        name=spec.name,
+        path=path.resolve(),
+        seed=spec.seed,
+        hash=_hash(spec, sources),
+        system_prompt=spec.system_prompt,
+        stages=stages,
+        sources=sources,
+        graders=graders,
+        spec=spec,
+    )
+
+
+def _normalise(pairs: list[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    total = sum(w for _, w in pairs)
+    return tuple((s, w / total) for s, w in pairs)
+
+
+def _hash(spec: CurriculumSpec, sources: dict[str, Source]) -> str:
+    """Content hash: the validated spec (seed included) plus every source's data version."""
+    doc = {
+        "spec": spec.model_dump(mode="json"),
+        "sources": {name: src.version for name, src in sorted(sources.items())},
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,306 @@
+"""The curriculum file format: pydantic models for the YAML, and errors that name their YAML path.
+
+A curriculum is one YAML file::
+
+    name: arithmetic
+    seed: 17
+    system_prompt: Answer with the number only.
+    sources:
+      add_1d: {kind: arithmetic, ops: ["+"], digits: [1, 1], graders: [numeric]}
+      words:  {path: data/word_problems.jsonl, prompt_field: question, graders: [math]}
+    graders:                                   # custom graders, optional
+      judge: {python: "my_pkg.judges:score"}
+    stages:
+      - name: warmup
+        until_step: 40
+        mix: [{source: add_1d, weight: 1.0}]
+        advance: {threshold: 0.8, window: 64, min_steps: 10}
+      - name: mixed
+        until_step: 200
+        mix: [{source: add_1d, weight: 0.25}, {source: words, weight: 0.75}]
+        replay: 0.1
+
+Structural checks happen here; checks that need the file system or imports (data files, custom graders)
+happen in :mod:`proctor.server.curriculum.loader`, which reports them the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "AdvanceGate",
+    "ArithmeticSourceSpec",
+    "CurriculumError",
+    "CurriculumSpec",
+    "CustomGraderSpec",
+    "FileSourceSpec",
+    "GraderUse",
+    "MixEntry",
+    "SourceSpec",
+    "StageSpec",
+    "format_loc",
+    "parse_spec",
+]
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+_NAME = re.compile(NAME_PATTERN)
+_FILE_KINDS = {".jsonl": "jsonl", ".parquet": "parquet", ".csv": "csv"}
+_UNION_TAGS = {"arithmetic", *_FILE_KINDS.values()}
+
+
+class CurriculumError(ValueError):
+    """A curriculum that cannot be loaded. ``problems`` holds ``(yaml_path, message)`` pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]], *, file: str | None = None) -> None:
+        self.problems = problems
+        self.file = file
+        head = f"invalid curriculum {file}" if file else "invalid curriculum"
+        lines = [f"{path}: {msg}" if path else msg for path, msg in problems]
+        super().__init__(head + ":\n  " + "\n  ".join(lines))
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError, *, file: str | None = None) -> CurriculumError:
+        problems = []
+        for err in exc.errors():
+            loc = [p for p in err["loc"] if not (isinstance(p, str) and "[" in p)]
+            # A source's discriminated union puts the chosen kind right after the source name; the author
+            # never wrote it. Only that position: a source may well be *named* "arithmetic".
+            if len(loc) > 2 and loc[0] == "sources" and loc[2] in _UNION_TAGS:
+                del loc[2]
+            problems.append((format_loc(loc), _clean_msg(err["msg"])))
+        return cls(problems, file=file)
+
+
+def format_loc(loc: list[int | str] | tuple[int | str, ...]) -> str:
+    """``('stages', 1, 'mix', 0, 'source')`` → ``stages[1].mix[0].source``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _clean_msg(msg: str) -> str:
+    return msg.removeprefix("Value error, ")
+
+
+class _Spec(BaseModel):
+    # Typos in a curriculum must fail loudly, not be ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GraderUse(_Spec):
+    """One grader applied to a source's completions."""
+
+    name: str = Field(description="A built-in grader or one declared under the top-level `graders`.")
+    id: str | None = Field(default=None, description="Key in the result's components; defaults to name.")
+    weight: float = Field(default=1.0, ge=0)
+    multiplicative: bool = Field(default=False, description="Multiply the reward instead of adding to it.")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.id or self.name
+
+
+def _grader_shorthand(value: Any) -> Any:
+    return {"name": value} if isinstance(value, str) else value
+
+
+class _SourceBase(_Spec):
+    graders: list[GraderUse] = Field(min_length=1)
+    on_error: float = Field(default=0.0, description="Reward of a completion whose grading failed.")
+    system_prompt: str | None = None
+
+    @field_validator("graders", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return [_grader_shorthand(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("graders")
+    @classmethod
+    def _unique_keys(cls, graders: list[GraderUse]) -> list[GraderUse]:
+        seen: set[str] = set()
+        for g in graders:
+            if g.key in seen:
+                raise ValueError(f"grader {g.key!r} is listed twice; give one of them an `id`")
+            seen.add(g.key)
+        if all(g.multiplicative for g in graders):
+            raise ValueError("at least one grader must be additive (multiplicative: false)")
+        if sum(g.weight for g in graders if not g.multiplicative) <= 0:
+            raise ValueError("the additive graders' weights sum to 0; give at least one a positive weight")
+        return graders
+
+
+class ArithmeticSourceSpec(_SourceBase):
+    """Procedurally generated arithmetic with difficulty knobs; infinite and dependency-free."""
+
+    kind: Literal["arithmetic"]
+    ops: list[Literal["+", "-", "*"]] = Field(default=["+"], min_length=1)
+    digits: tuple[int, int] = Field(default=(1, 1), description="Inclusive range of digits per operand.")
+    operands: int = Field(default=2, ge=2, le=8)
+    allow_negative: bool = Field(default=False, description="Let subtraction go below zero.")
+    template: str = Field(default="What is {expression}?", description="Prompt; `{expression}` is filled in.")
+
+    @field_validator("digits")
+    @classmethod
+    def _digit_range(cls, digits: tuple[int, int]) -> tuple[int, int]:
+        lo, hi = digits
+        if not 1 <= lo <= hi <= 18:
+            raise ValueError(f"must be [min, max] with 1 ≤ min ≤ max ≤ 18, got [{lo}, {hi}]")
+        return digits
+
+    @field_validator("template")
+    @classmethod
+    def _has_placeholder(cls, template: str) -> str:
+        if "{expression}" not in template:
+            raise ValueError("must contain the placeholder {expression}")
+        return template
+
+
+class FileSourceSpec(_SourceBase):
+    """Records from a local JSONL, Parquet or CSV file (path relative to the curriculum file)."""
+
+    kind: Literal["jsonl", "parquet", "csv"]
+    path: str
+    prompt_field: str = "prompt"
+    answer_field: str | None = "answer"
+    system_prompt_field: str | None = None
+    metadata_fields: list[str] | None = Field(
+        default=None, description="Fields copied into each sample's metadata; default: all other fields."
+    )
+
+
+SourceSpec = Annotated[ArithmeticSourceSpec | FileSourceSpec, Field(discriminator="kind")]
+
+
+class CustomGraderSpec(_Spec):
+    """A custom grader: a Python function (``python: module:attr`` or ``python: path/to/file.py:attr``,
+    relative to the curriculum) that runs in the grader pool, or a remote HTTP grader (``url``) that gets
+    one POST per /grade request with every item it applies to."""
+
+    python: str | None = Field(default=None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+    params: dict[str, Any] = Field(default_factory=dict, description="Default keyword arguments.")
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    timeout_s: float = Field(default=30.0, gt=0, description="Remote graders: seconds per request.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Remote graders: extra headers.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> CustomGraderSpec:
+        if (self.python is None) == (self.url is None):
+            raise ValueError("give exactly one of `python: module:attr` or `url: http://…`")
+        return self
+
+
+class MixEntry(_Spec):
+    source: str
+    weight: float = Field(default=1.0, gt=0)
+
+
+class AdvanceGate(_Spec):
+    """Advance to the next stage once the mean reward of this stage's last ``window`` graded completions is
+    at least ``threshold`` and ``min_steps`` iterations of the stage have passed."""
+
+    threshold: float
+    window: int = Field(default=64, ge=1)
+    min_steps: int = Field(default=0, ge=0)
+
+
+class StageSpec(_Spec):
+    name: str = Field(pattern=NAME_PATTERN)
+    until_step: int = Field(gt=0, description="The stage ends at this iteration at the latest (exclusive).")
+    mix: list[MixEntry] = Field(min_length=1)
+    advance: AdvanceGate | None = None
+    replay: float = Field(default=0.0, ge=0, lt=1, description="Share of each batch drawn from earlier stages.")
+
+
+class CurriculumSpec(_Spec):
+    name: str = Field(pattern=NAME_PATTERN)
+    seed: int = 0
+    system_prompt: str | None = None
+    sources: dict[str, SourceSpec] = Field(min_length=1)
+    graders: dict[str, CustomGraderSpec] = Field(default_factory=dict)
+    stages: list[StageSpec] = Field(min_length=1)
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _infer_file_kind(cls, sources: Any) -> Any:
+        # `path: data/x.jsonl` is enough; `kind` is only needed when the suffix does not say it.
+        if not isinstance(sources, dict):
+            return sources
+        out = {}
+        for name, src in sources.items():
+            if isinstance(src, dict) and "kind" not in src and isinstance(src.get("path"), str):
+                suffix = "." + src["path"].rsplit(".", 1)[-1].lower() if "." in src["path"] else ""
+                if suffix in _FILE_KINDS:
+                    src = {**src, "kind": _FILE_KINDS[suffix]}
+            out[name] = src
+        return out
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> CurriculumSpec:
+        problems: list[tuple[str, str]] = []
+        for name in self.sources:
+            if not _NAME.fullmatch(name):
+                problems.append((f"sources.{name}", f"source names must match {NAME_PATTERN}"))
+        for name in self.graders:
+            if not _NAME.fullmatch(name):
+                problems.append((f"graders.{name}", f"grader names must match {NAME_PATTERN}"))
+        seen_stage: set[str] = set()
+        prev_until = 0
+        last = len(self.stages) - 1
+        for i, stage in enumerate(self.stages):
+            where = f"stages[{i}]"
+            if stage.name in seen_stage:
+                problems.append((f"{where}.name", f"stage {stage.name!r} is defined twice"))
+            seen_stage.add(stage.name)
+            if stage.until_step <= prev_until:
+                problems.append((f"{where}.until_step", f"must be greater than the previous stage's ({prev_until})"))
+            prev_until = max(prev_until, stage.until_step)
+            used: set[str] = set()
+            for j, entry in enumerate(stage.mix):
+                if entry.source not in self.sources:
+                    known = ", ".join(sorted(self.sources))
+                    problems.append((f"{where}.mix[{j}].source", f"unknown source {entry.source!r} (known: {known})"))
+                if entry.source in used:
+                    problems.append((f"{where}.mix[{j}].source", f"{entry.source!r} is in this mix twice"))
+                used.add(entry.source)
+            if stage.replay > 0 and i == 0:
+                problems.append((f"{where}.replay", "the first stage has no earlier stage to replay"))
+            if stage.advance is not None and i == last:
+                problems.append((f"{where}.advance", "the last stage has no next stage to advance to"))
+        if problems:
+            raise _Problems(problems)
+        return self
+
+
+class _Problems(ValueError):
+    """Several located problems found by one validator; unpacked by :func:`parse_spec`."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{p}: {m}" for p, m in problems))
+
+
+def parse_spec(data: Any, *, file: str | None = None) -> CurriculumSpec:
+    """Validate parsed YAML; every problem is reported with its YAML path."""
+    if not isinstance(data, dict):
+        raise CurriculumError([("", "the file must hold a mapping (name, sources, stages, …)")], file=file)
+    try:
+        return CurriculumSpec.model_validate(data)
+    except ValidationError as exc:
+        # A model_validator's ValueError arrives wrapped; recover the located problems it carried.
+        located: list[tuple[str, str]] = []
+        for err in exc.errors():
+            ctx_err = (err.get("ctx") or {}).get("error")
+            if isinstance(ctx_err, _Problems):
+                located.extend(ctx_err.problems)
+        if located:
+            raise CurriculumError(located, file=file) from None
+        raise CurriculumError.from_validation(exc, file=file) from None

@@ -1,0 +1,295 @@
+"""The built-in graders, by the name a curriculum uses for them: :data:`BUILTIN_GRADERS`.
+
+Answer graders (``exact_match``, ``numeric``, ``math``, ``regex``, ``json_valid``, ``json_schema``) look
+only at :attr:`GradeInput.response`, the text after a leading ``<think>…</think>`` block; ``think_format``
+checks that block itself and ``length_cap`` the reported token count. A wrong completion scores 0.0; a
+grader that cannot score at all (bad params, no reference answer, no token count) raises ``ValueError``
+saying what to fix.
+
+``math_verify`` and ``jsonschema`` are imported on first use, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+from collections.abc import Mapping
+from functools import lru_cache
+from math import ceil, isclose
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
+
+# Relative so mypy, which cannot see through the editable install's import hook, resolves it too.
+from proctor.server.grading.base import GradeInput, GraderFn
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
+
+__all__ = [
+    "BUILTIN_GRADERS",
+    "exact_match",
+    "json_schema",
+    "json_valid",
+    "length_cap",
+    "math",
+    "numeric",
+    "regex",
+    "think_format",
+]
+
+# ASCII only in the look-behind: "x2" is a name, not a number, but "答案是42" must still give 42.
+_UNSIGNED = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?"
+_NUMBER = re.compile(rf"(?<![A-Za-z0-9_.])(?P<num>[-+\u2212]?(?:{_UNSIGNED}))(?:/(?P<den>{_UNSIGNED}))?(?![0-9])")
+_FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
+_BOXED = re.compile(r"\\boxed\s*\{")
+_FENCE = re.compile(r"```(?:json\b)?(.*?)```", re.DOTALL | re.IGNORECASE)
+_WHITESPACE = re.compile(r"\s+")
+_THINK_BLOCK = re.compile(r"\s*<think>(.*?)</think>(.*)", re.DOTALL)
+# math_verify reads LaTeX only inside a delimiter: a bare reference like "x^2+1" would parse to nothing.
+_LATEX_DELIMITED = re.compile(r"\\boxed|\$|\\\(|\\\[")
+
+
+def _need_answer(grader: str, sample: GradeInput) -> str:
+    if sample.answer is None:
+        raise ValueError(
+            f"{grader} needs a reference answer, but the record has none: "
+            "point the source's answer_field at the field that holds it, or use a grader that needs none"
+        )
+    return sample.answer
+
+
+def _to_float(text: str) -> float:
+    return float(text.replace(",", "").replace("\u2212", "-"))
+
+
+def _match_value(m: re.Match[str]) -> float | None:
+    value = _to_float(m["num"])
+    if m["den"] is None:
+        return value
+    den = _to_float(m["den"])
+    return None if den == 0 else value / den
+
+
+def _latex_to_plain(text: str) -> str:
+    # "1{,}234" and "\frac{3}{4}" are how LaTeX writes numbers this grader already reads as "1,234" and "3/4".
+    return _FRAC.sub(r"\1/\2", text.replace("{,}", ","))
+
+
+def _last_boxed(text: str) -> str | None:
+    starts = [m.end() for m in _BOXED.finditer(text)]
+    if not starts:
+        return None
+    depth = 1
+    for i in range(starts[-1], len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[starts[-1] : i]
+    return text[starts[-1] :]
+
+
+def _completion_number(response: str) -> float | None:
+    boxed = _last_boxed(response)
+    text = _latex_to_plain(response if boxed is None else boxed)
+    matches = list(_NUMBER.finditer(text))
+    return _match_value(matches[-1]) if matches else None
+
+
+_NO_JSON = object()
+
+
+def _load_json(response: str, allow_fence: bool) -> Any:
+    fenced = [m.group(1) for m in _FENCE.finditer(response)] if allow_fence else []
+    for text in [response, *fenced]:
+        try:
+            return json.loads(text)
+        except ValueError:
+            continue
+    return _NO_JSON
+
+
+def _tolerance(name: str, value: Any) -> float:
+    # YAML 1.1 reads "1e-6" as a string, so a tolerance written that way would otherwise fail obscurely.
+    try:
+        tol = float(value)
+    except (TypeError, ValueError):
+        tol = -1.0
+    if not tol >= 0:
+        raise ValueError(f"numeric: {name} must be a number >= 0, got {value!r}")
+    return tol
+
+
+def exact_match(sample: GradeInput, /, *, case_sensitive: bool = False, normalize_whitespace: bool = True) -> float:
+    """1.0 if the response equals the answer after stripping; ``case_sensitive``, ``normalize_whitespace``."""
+    answer = _need_answer("exact_match", sample)
+    got, want = sample.response.strip(), answer.strip()
+    if normalize_whitespace:
+        got, want = _WHITESPACE.sub(" ", got), _WHITESPACE.sub(" ", want)
+    if not case_sensitive:
+        got, want = got.casefold(), want.casefold()
+    return 1.0 if got == want else 0.0
+
+
+def numeric(sample: GradeInput, /, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> float:
+    """1.0 if the last number (of the last ``\\boxed{}`` if any) ≈ the answer; ``rel_tol``, ``abs_tol``."""
+    answer = _need_answer("numeric", sample)
+    rel, abs_ = _tolerance("rel_tol", rel_tol), _tolerance("abs_tol", abs_tol)
+    m = _NUMBER.fullmatch(_latex_to_plain(answer.strip()))
+    want = None if m is None else _match_value(m)
+    if want is None:
+        raise ValueError(
+            f"numeric: the reference answer {answer!r} is not a number; it must be a plain number "
+            "such as 42, -3.5, 1,234, 1e-3 or 3/4 (use exact_match or math for other answers)"
+        )
+    got = _completion_number(sample.response)
+    return 1.0 if got is not None and isclose(got, want, rel_tol=rel, abs_tol=abs_) else 0.0
+
+
+def _math_verify_timeout(timeout_s: float) -> int | None:
+    # math_verify times out with signal.alarm: off the main thread that raises, and on it the alarm(0) it
+    # ends with cancels any timer the caller armed. In both cases the caller's own timeout bounds the work.
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        return None
+    return ceil(timeout_s)
+
+
+def math(sample: GradeInput, /, *, timeout_s: float = 5) -> float:
+    """1.0 if ``math_verify`` finds the response equivalent to the answer; ``timeout_s`` per parse/compare."""
+    from math_verify import parse, verify
+
+    answer = _need_answer("math", sample)
+    if not timeout_s > 0:
+        raise ValueError(f"math: timeout_s must be > 0, got {timeout_s!r}")
+    timeout = _math_verify_timeout(timeout_s)
+    gold = parse(answer if _LATEX_DELIMITED.search(answer) else f"\\boxed{{{answer}}}", parsing_timeout=timeout)
+    if not gold:
+        raise ValueError(
+            f"math: could not parse the reference answer {answer!r} as math (or it took over {timeout_s}s); "
+            "write it as LaTeX, e.g. \\frac{1}{2}, or use exact_match for non-math answers"
+        )
+    pred = parse(sample.response, parsing_timeout=timeout)
+    return 1.0 if pred and verify(gold, pred, timeout_seconds=timeout) else 0.0
+
+
+def regex(
+    sample: GradeInput,
+    /,
+    *,
+    pattern: str | None = None,
+    from_answer: bool = False,
+    mode: Literal["search", "fullmatch"] = "search",
+    ignore_case: bool = False,
+) -> float:
+    """1.0 if the response matches ``pattern`` (or the answer, ``from_answer``); ``mode``, ``ignore_case``."""
+    if mode not in ("search", "fullmatch"):
+        raise ValueError(f"regex: mode must be 'search' or 'fullmatch', got {mode!r}")
+    if from_answer:
+        if pattern is not None:
+            raise ValueError("regex: give either pattern or from_answer: true, not both")
+        pattern = _need_answer("regex (from_answer)", sample)
+    elif pattern is None:
+        raise ValueError(
+            "regex needs a pattern: set params: {pattern: ...}, "
+            "or from_answer: true to use the record's answer as the pattern"
+        )
+    try:
+        compiled = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+    except re.error as e:
+        raise ValueError(f"regex: invalid pattern {pattern!r}: {e}") from None
+    match = compiled.search if mode == "search" else compiled.fullmatch
+    return 1.0 if match(sample.response) else 0.0
+
+
+def think_format(sample: GradeInput, /, *, require_answer: bool = True) -> float:
+    """1.0 if the completion opens with one ``<think>…</think>`` block and an answer (``require_answer``)."""
+    m = _THINK_BLOCK.match(sample.completion)
+    if m is None:
+        return 0.0
+    reasoning, answer = m.groups()
+    if "<think>" in reasoning or "<think>" in answer or "</think>" in answer:
+        return 0.0
+    return 0.0 if require_answer and not answer.strip() else 1.0
+
+
+def json_valid(sample: GradeInput, /, *, allow_fence: bool = True) -> float:
+    """1.0 if the response (or, ``allow_fence``, a ```json fenced block in it) is valid JSON."""
+    return 0.0 if _load_json(sample.response, allow_fence) is _NO_JSON else 1.0
+
+
+@lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Validator:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    schema = json.loads(schema_json)
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        raise ValueError(f"json_schema: the schema is not a valid JSON Schema (2020-12): {e.message}") from None
+    return Draft202012Validator(schema)
+
+
+def _schema_of(sample: GradeInput, schema: Any, schema_field: str | None) -> Any:
+    if schema is not None and schema_field is not None:
+        raise ValueError("json_schema: give either schema or schema_field, not both")
+    if schema_field is not None:
+        if schema_field not in sample.metadata:
+            raise ValueError(
+                f"json_schema: the record has no metadata field {schema_field!r} to read the schema from; "
+                "check schema_field and the source's metadata_fields"
+            )
+        schema = sample.metadata[schema_field]
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise ValueError(f"json_schema: metadata field {schema_field!r} is not valid JSON: {e}") from None
+    elif schema is None:
+        raise ValueError(
+            "json_schema needs a schema: set params: {schema: {...}}, "
+            "or schema_field to take it from the record's metadata"
+        )
+    if not isinstance(schema, Mapping | bool):
+        raise ValueError(f"json_schema: a schema must be a JSON object or boolean, got {type(schema).__name__}")
+    return schema
+
+
+def json_schema(sample: GradeInput, /, *, schema: Any = None, schema_field: str | None = None) -> float:
+    """1.0 if the response's JSON (fenced or not) fits ``schema`` or the one in metadata[``schema_field``]."""
+    resolved = _schema_of(sample, schema, schema_field)
+    try:
+        key = json.dumps(resolved, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"json_schema: the schema is not plain JSON data: {e}") from None
+    validator = _validator(key)
+    instance = _load_json(sample.response, allow_fence=True)
+    if instance is _NO_JSON:
+        return 0.0
+    return 1.0 if validator.is_valid(instance) else 0.0
+
+
+def length_cap(sample: GradeInput, /, *, max_tokens: int, soft_margin: int = 0) -> float:
+    """1.0 up to ``max_tokens`` completion tokens, then linearly down to 0.0 over ``soft_margin`` more."""
+    if not max_tokens >= 1:
+        raise ValueError(f"length_cap: max_tokens must be >= 1, got {max_tokens!r}")
+    if not soft_margin >= 0:
+        raise ValueError(f"length_cap: soft_margin must be >= 0, got {soft_margin!r}")
+    tokens = sample.completion_tokens
+    if tokens is None:
+        raise ValueError("length_cap needs completion_tokens: send completion_tokens with each /grade item")
+    if tokens <= max_tokens:
+        return 1.0
+    if tokens >= max_tokens + soft_margin:
+        return 0.0
+    return 1.0 - (tokens - max_tokens) / soft_margin
+
+
+BUILTIN_GRADERS: Mapping[str, GraderFn] = MappingProxyType(
+    {fn.__name__: fn for fn in (exact_match, numeric, math, regex, think_format, json_valid, json_schema, length_cap)}
+)

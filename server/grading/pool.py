@@ -1,0 +1,230 @@
+"""A pool of grader processes with a per-completion timeout.
+
+Graders are arbitrary Python (sympy-backed math checks, user code) that may be slow, hang, or crash the
+interpreter. Each completion is sent to one idle worker process; the event loop waits for the answer on
+the worker's pipe with a deadline. A worker that misses its deadline is killed and replaced: unlike a
+thread, a process can be stopped mid-computation, which is why a plain ``ProcessPoolExecutor`` (whose
+futures cannot be cancelled once running) is not used here.
+
+Workers are forked from a forkserver that has already imported the built-in graders, so a replacement is
+ready in milliseconds and the server's own threads are never duplicated by ``fork``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from proctor.server.grading.base import GradeInput
+from proctor.server.grading.registry import LocalGrader, load_callable
+
+__all__ = [
+    "GraderCrashed",
+    "GraderPool",
+    "GraderPoolError",
+    "GraderTimeout",
+    "ItemScores",
+    "default_workers",
+]
+
+log = logging.getLogger("proctor.grading")
+
+# What one task returns: a score per grader key, or the error text of a grader that raised.
+ItemScores = dict[str, float | str]
+
+
+class GraderPoolError(Exception):
+    """A completion whose graders did not return."""
+
+
+class GraderTimeout(GraderPoolError):
+    pass
+
+
+class GraderCrashed(GraderPoolError):
+    pass
+
+
+def _worker_main(conn: Connection) -> None:
+    """Runs in each worker process: grade tasks until the pipe closes."""
+    # Ctrl-C goes to the whole process group; the server decides when its workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fns: dict[str, Any] = {}
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        graders, sample = task
+        out: ItemScores = {}
+        for key, ref, params in graders:
+            try:
+                fn = fns.get(ref)
+                if fn is None:
+                    fn = fns[ref] = load_callable(ref)
+                score = float(fn(sample, **params))
+                if not math.isfinite(score):
+                    raise ValueError(f"returned {score}, not a finite number")
+                out[key] = score
+            except Exception as exc:
+                out[key] = f"{type(exc).__name__}: {exc}"
+        conn.send(out)
+
+
+@dataclass(eq=False)
+class _Worker:
+    process: BaseProcess
+    conn: Connection
+
+
+class GraderPool:
+    """``await pool.run(graders, sample, timeout_s)`` grades one completion in a worker process."""
+
+    def __init__(self, workers: int, *, preload: Sequence[str] = ("proctor.server.grading.builtin",)) -> None:
+        if workers < 1:
+            raise ValueError(f"a grader pool needs at least 1 worker, got {workers}")
+        self.size = workers
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload([__name__, *preload])
+        self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
+        self._all: set[_Worker] = set()
+        self._closed = False
+        self._replacing: set[asyncio.Task[None]] = set()
+        self.replaced = 0
+
+    async def start(self) -> None:
+        workers = await asyncio.gather(*(asyncio.to_thread(self._spawn) for _ in range(self.size)))
+        for w in workers:
+            self._idle.put_nowait(w)
+
+    @property
+    def busy(self) -> int:
+        return len(self._all) - self._idle.qsize()
+
+    def _spawn(self) -> _Worker:
+        parent, child = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(target=_worker_main, args=(child,), name="proctor-grader", daemon=True)
+        process.start()
+        child.close()
+        worker = _Worker(process, parent)
+        self._all.add(worker)
+        return worker
+
+    async def run(self, graders: Sequence[LocalGrader], sample: GradeInput, timeout_s: float) -> ItemScores:
+        """Grade one completion with every local grader of its source.
+
+        Raises :class:`GraderTimeout` when the graders together take longer than ``timeout_s`` seconds and
+        :class:`GraderCrashed` when the worker process dies; a grader that raises is reported in the
+        returned mapping as its error text.
+        """
+        if self._closed:
+            raise GraderPoolError("the grader pool is shut down")
+        worker = await self._idle.get()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        fd = worker.conn.fileno()
+        healthy = False
+        try:
+            worker.conn.send(([(g.key, g.ref, dict(g.params)) for g in graders], sample))
+            loop.add_reader(fd, _resolve, done)
+            try:
+                await asyncio.wait_for(done, timeout_s)
+            except TimeoutError:
+                raise GraderTimeout(f"graders did not finish within {timeout_s:g}s") from None
+            try:
+                result: ItemScores = worker.conn.recv()
+            except (EOFError, OSError):
+                # The pipe closes a moment before the process is reaped; wait for the exit code to report it.
+                await asyncio.to_thread(worker.process.join, 2.0)
+                code = worker.process.exitcode
+                raise GraderCrashed(f"the grader process died (exit code {code})") from None
+            healthy = True
+            return result
+        finally:
+            loop.remove_reader(fd)
+            if healthy:
+                self._idle.put_nowait(worker)
+            else:
+                # Timed out, crashed or cancelled mid-task: the worker's state is unknown, so replace it.
+                self._all.discard(worker)
+                self.replaced += 1
+                self._replacing.add(loop.create_task(self._replace(worker)))
+
+    async def _replace(self, old: _Worker) -> None:
+        try:
+            await asyncio.to_thread(self._retire, old)
+            if self._closed:
+                return
+            worker = await asyncio.to_thread(self._spawn)
+        except Exception:
+            log.exception("could not start a replacement grader process")
+            return
+        finally:
+            current = asyncio.current_task()
+            if current is not None:
+                self._replacing.discard(current)
+        if self._closed:
+            await asyncio.to_thread(self._retire, worker)
+        else:
+            self._idle.put_nowait(worker)
+
+    def _retire(self, worker: _Worker) -> None:
+        self._all.discard(worker)
+        with contextlib.suppress(Exception):
+            worker.process.kill()
+        with contextlib.suppress(Exception):
+            worker.conn.close()
+        worker.process.join(timeout=1)
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Ask idle workers to exit, then kill whatever is still running after ``timeout_s``."""
+        self._closed = True
+        if self._replacing:
+            await asyncio.gather(*self._replacing, return_exceptions=True)
+        for worker in list(self._all):
+            with contextlib.suppress(Exception):
+                worker.conn.send(None)
+
+        def _join_all() -> None:
+            deadline = time.monotonic() + timeout_s
+            for worker in list(self._all):
+                worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+                if worker.process.is_alive():
+                    with contextlib.suppress(Exception):
+                        worker.process.kill()
+                    worker.process.join(timeout=1)
+                with contextlib.suppress(Exception):
+                    worker.conn.close()
+            self._all.clear()
+
+        await asyncio.to_thread(_join_all)
+
+    def pids(self) -> Mapping[int, bool]:
+        """Worker pids and whether each is alive (for tests and diagnostics)."""
+        return {w.process.pid or -1: w.process.is_alive() for w in self._all}
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+def default_workers() -> int:
+    """One grader process per core the server may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)

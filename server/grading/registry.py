@@ -1,0 +1,186 @@
+"""Resolves the graders a curriculum names into what the pool and the remote client execute.
+
+Local graders (built-in or custom Python) are described by a picklable :class:`LocalGrader` with a string
+reference; each pool worker imports the reference once. Remote graders are called from the event loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from proctor.server.curriculum.spec import CustomGraderSpec, GraderUse
+from proctor.server.grading.base import GradeInput, GraderFn
+
+__all__ = [
+    "GraderResolutionError",
+    "LocalGrader",
+    "RemoteGrader",
+    "SourceGraders",
+    "load_callable",
+    "resolve_graders",
+]
+
+BUILTIN_PREFIX = "builtin:"
+
+
+class GraderResolutionError(ValueError):
+    """A grader that a curriculum names but cannot be used: ``index`` is its position in the source's list,
+    ``field`` the faulty field of that entry."""
+
+    def __init__(self, field: str, message: str, index: int = 0) -> None:
+        self.field = field
+        self.index = index
+        super().__init__(message)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalGrader:
+    key: str
+    ref: str
+    params: Mapping[str, Any]
+    weight: float
+    multiplicative: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteGrader:
+    key: str
+    url: str
+    timeout_s: float
+    headers: Mapping[str, str]
+    params: Mapping[str, Any]
+    weight: float
+    multiplicative: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SourceGraders:
+    """Everything needed to turn one completion of a source into a reward."""
+
+    local: tuple[LocalGrader, ...]
+    remote: tuple[RemoteGrader, ...]
+    on_error: float
+    names: tuple[str, ...] = field(default=())
+
+    def compose(self, scores: Mapping[str, float]) -> float:
+        """Weighted mean of the additive graders, times every multiplicative grader."""
+        graders: tuple[LocalGrader | RemoteGrader, ...] = (*self.local, *self.remote)
+        additive = [g for g in graders if not g.multiplicative]
+        total_weight = sum(g.weight for g in additive)
+        reward = sum(g.weight * scores[g.key] for g in additive) / total_weight
+        for g in graders:
+            if g.multiplicative:
+                reward *= scores[g.key]
+        return reward
+
+
+def load_callable(ref: str) -> GraderFn:
+    """Import what a reference names: ``builtin:name``, ``module:attr`` or ``/abs/file.py:attr``."""
+    if ref.startswith(BUILTIN_PREFIX):
+        from proctor.server.grading.builtin import BUILTIN_GRADERS
+
+        return BUILTIN_GRADERS[ref.removeprefix(BUILTIN_PREFIX)]
+    target, _, attr = ref.rpartition(":")
+    if target.endswith(".py"):
+        # A stable module name per file, so every worker (and a re-load) sees one module, not copies.
+        mod_name = "proctor_grader_" + hashlib.sha256(target.encode()).hexdigest()[:12]
+        module = sys.modules.get(mod_name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(mod_name, target)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {target}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[mod_name]
+                raise
+    else:
+        module = importlib.import_module(target)
+    fn = getattr(module, attr)
+    if not callable(fn):
+        raise TypeError(f"{ref} is a {type(fn).__name__}, not a function")
+    return cast(GraderFn, fn)
+
+
+def resolve_graders(
+    uses: list[GraderUse],
+    custom: Mapping[str, CustomGraderSpec],
+    *,
+    on_error: float,
+    base_dir: Path,
+) -> SourceGraders:
+    """Resolve a source's grader list; raises :class:`GraderResolutionError` naming the faulty part."""
+    local: list[LocalGrader] = []
+    remote: list[RemoteGrader] = []
+    for index, use in enumerate(uses):
+        try:
+            _resolve_one(use, custom, base_dir, local, remote)
+        except GraderResolutionError as exc:
+            exc.index = index
+            raise
+    return SourceGraders(tuple(local), tuple(remote), on_error, tuple(u.key for u in uses))
+
+
+def _resolve_one(
+    use: GraderUse,
+    custom: Mapping[str, CustomGraderSpec],
+    base_dir: Path,
+    local: list[LocalGrader],
+    remote: list[RemoteGrader],
+) -> None:
+    from proctor.server.grading.builtin import BUILTIN_GRADERS
+
+    if use.name in custom:
+        spec = custom[use.name]
+        params = {**spec.params, **use.params}
+        if spec.url is not None:
+            remote.append(
+                RemoteGrader(use.key, spec.url, spec.timeout_s, spec.headers, params, use.weight, use.multiplicative)
+            )
+            return
+        assert spec.python is not None
+        ref = _absolute_ref(spec.python, base_dir)
+    elif use.name in BUILTIN_GRADERS:
+        ref, params = BUILTIN_PREFIX + use.name, dict(use.params)
+    else:
+        known = ", ".join([*sorted(BUILTIN_GRADERS), *sorted(custom)])
+        raise GraderResolutionError(
+            "name", f"unknown grader {use.name!r}; use a built-in one or declare it under `graders` ({known})"
+        )
+    try:
+        fn = load_callable(ref)
+    except Exception as exc:
+        raise GraderResolutionError("name", f"cannot import grader {use.name!r} from {ref!r}: {exc}") from None
+    _check_params(use.name, fn, params)
+    local.append(LocalGrader(use.key, ref, params, use.weight, use.multiplicative))
+
+
+def _absolute_ref(ref: str, base_dir: Path) -> str:
+    target, _, attr = ref.rpartition(":")
+    if target.endswith(".py"):
+        return f"{(base_dir / target).resolve()}:{attr}"
+    return ref
+
+
+def _check_params(name: str, fn: GraderFn, params: Mapping[str, Any]) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # some callables have no introspectable signature
+        return
+    try:
+        sig.bind(GradeInput(prompt="", completion=""), **params)
+    except TypeError as exc:
+        accepted = [p.name for p in list(sig.parameters.values())[1:] if p.kind is not p.VAR_KEYWORD]
+        raise GraderResolutionError(
+            "params", f"grader {name!r}: {exc} (accepted params: {', '.join(accepted) or 'none'})"
+        ) from None

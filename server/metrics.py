@@ -1,0 +1,88 @@
+"""Prometheus metrics, in a registry owned by one app (so that tests can run several apps side by side)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+_REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "proctor_requests",
+            "HTTP requests by route and status.",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "proctor_request_duration_seconds",
+            "HTTP request latency by route.",
+            ["method", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.samples = Counter(
+            "proctor_samples", "Prompts served, by stage and source.", ["stage", "source"], registry=r
+        )
+        self.grades = Counter(
+            "proctor_grades",
+            "Completions graded (first time only), by stage and source.",
+            ["stage", "source"],
+            registry=r,
+        )
+        self.grades_cached = Counter(
+            "proctor_grades_cached", "Grades answered from the store (repeated posts).", registry=r
+        )
+        self.reward = Histogram(
+            "proctor_reward",
+            "Rewards of error-free grades, by stage.",
+            ["stage"],
+            buckets=_REWARD_BUCKETS,
+            registry=r,
+        )
+        self.grader_errors = Counter(
+            "proctor_grader_errors",
+            "Completions whose grading failed, by grader and kind (error, timeout, crash, stale).",
+            ["grader", "kind"],
+            registry=r,
+        )
+        self.grader_seconds = Histogram(
+            "proctor_grading_duration_seconds",
+            "Time to grade one completion in the pool.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.current_stage = Gauge("proctor_current_stage", "Index of the current curriculum stage.", registry=r)
+        self.stage_active = Gauge(
+            "proctor_stage_active", "1 for the current stage, 0 for the others.", ["stage"], registry=r
+        )
+        self.rolling_reward = Gauge(
+            "proctor_stage_rolling_reward",
+            "Mean reward over each stage's gate window.",
+            ["stage"],
+            registry=r,
+        )
+        self.last_iteration = Gauge("proctor_last_iteration", "Highest iteration sampled so far.", registry=r)
+        self.transitions = Counter("proctor_stage_transitions", "Stage transitions recorded.", registry=r)

@@ -1,0 +1,22 @@
+"""GET /meta and GET /curriculum: what the server serves and where the curriculum stands."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from proctor.server.deps import DataserverDep
+from proctor.server.protocol import CurriculumState, Meta
+
+router = APIRouter(tags=["curriculum"])
+
+
+@router.get("/meta")
+async def read_meta(server: DataserverDep) -> Meta:
+    """Stages with their ``until_step``, total iterations, seed, curriculum hash and sources."""
+    return server.meta()
+
+
+@router.get("/curriculum")
+async def read_curriculum(server: DataserverDep) -> CurriculumState:
+    """The live state: current stage, every transition with its iteration and reason, per-stage counts."""
+    return server.curriculum_state()

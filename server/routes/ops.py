@@ -1,0 +1,24 @@
+"""GET /healthz and GET /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from proctor.server.deps import DataserverDep
+from proctor.server.protocol import Health
+
+health_router = APIRouter(tags=["ops"])
+metrics_router = APIRouter(tags=["ops"])
+
+
+@health_router.get("/healthz")
+async def read_health(server: DataserverDep) -> Health:
+    """Liveness: answers from memory, without touching the store or the graders."""
+    return Health(status="ok", curriculum=server.curriculum.name, last_iteration=server.last_iteration)
+
+
+@metrics_router.get("/metrics", response_class=Response)
+async def read_metrics(server: DataserverDep) -> Response:
+    """Prometheus text exposition of this server's metrics."""
+    return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,552 @@
+"""The dataserver's two data paths, sample and grade, over the curriculum, the store and the grader pool.
+
+Routes are thin: they validate the wire model and call :class:`Dataserver`. Everything here runs on the
+event loop except the store (one dedicated thread, which owns the SQLite connection) and the graders
+(worker processes). In-memory state (the stage schedule, the gate windows) is only changed after the store
+has committed the change it follows from, so a crash can never leave memory ahead of disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+import httpx
+
+from proctor.server import __version__
+from proctor.server import protocol as wire
+from proctor.server.curriculum.engine import StageSchedule, TransitionRecord
+from proctor.server.curriculum.loader import Curriculum
+from proctor.server.curriculum.mixing import Mixer
+from proctor.server.errors import ConflictError, InvalidRequestError
+from proctor.server.grading.base import GradeInput
+from proctor.server.grading.pool import GraderCrashed, GraderPool, GraderTimeout
+from proctor.server.grading.registry import SourceGraders
+from proctor.server.grading.remote import grade_remote
+from proctor.server.metrics import Metrics
+from proctor.server.settings import Settings
+from proctor.server.sources.base import Record, SampleId
+from proctor.server.store import GradeKey, GradeRow, IterationRow, Store
+
+__all__ = ["Dataserver"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_DEFAULT_WINDOW = 64  # rolling window shown for stages without a gate
+
+
+@dataclass(slots=True)
+class _StageStats:
+    window: deque[float]
+    iterations: int = 0
+    samples: int = 0
+    graded: int = 0
+    errors: int = 0
+    reward_sum: float = 0.0
+
+    @property
+    def rolling(self) -> float | None:
+        return sum(self.window) / len(self.window) if self.window else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """A sampled iteration as it is served: each sample already encoded as JSON."""
+
+    iteration: int
+    batch_size: int
+    stage: int
+    stage_name: str
+    samples: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, row: IterationRow, curriculum: Curriculum) -> _Batch:
+        encoded = tuple(json.dumps(s, ensure_ascii=False).encode() for s in row.samples)
+        return cls(row.iteration, row.batch_size, row.stage, curriculum.stages[row.stage].name, encoded)
+
+
+@dataclass(slots=True)
+class _Item:
+    """One /grade item after validation."""
+
+    position: int
+    sample_id: str
+    completion_index: int
+    completion: str
+    completion_tokens: int | None
+    source: str
+    record: Record | None  # None when the id is stale (its source changed)
+    key: GradeKey = ("", 0, "", "")  # type: ignore[assignment]
+    stage: int = 0
+    scores: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+class Dataserver:
+    """Owns the curriculum's live state. Create with :meth:`open`, release with :meth:`close`."""
+
+    def __init__(
+        self,
+        curriculum: Curriculum,
+        settings: Settings,
+        metrics: Metrics,
+        store: Store,
+        pool: GraderPool,
+        http: httpx.AsyncClient,
+        db_thread: ThreadPoolExecutor,
+    ) -> None:
+        self.curriculum = curriculum
+        self.settings = settings
+        self.metrics = metrics
+        self.store = store
+        self.pool = pool
+        self.http = http
+        self._db_thread = db_thread
+        self.mixer = Mixer(curriculum)
+        self.schedule = StageSchedule(curriculum.stages)
+        self.last_iteration: int | None = None
+        self._stats = [
+            _StageStats(deque(maxlen=s.advance.window if s.advance else _DEFAULT_WINDOW)) for s in curriculum.stages
+        ]
+        self._cache: OrderedDict[int, _Batch] = OrderedDict()
+        self._sample_lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, curriculum: Curriculum, settings: Settings, metrics: Metrics) -> Dataserver:
+        """Open (or create) the state file, restore the curriculum's state from it, start the graders."""
+        db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proctor-store")
+        loop = asyncio.get_running_loop()
+        store = await loop.run_in_executor(db_thread, lambda: Store(settings.state, synchronous=settings.state_sync))
+        try:
+            await loop.run_in_executor(
+                db_thread,
+                lambda: store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed),
+            )
+            pool = GraderPool(settings.grader_workers)
+            await pool.start()
+        except BaseException:
+            await loop.run_in_executor(db_thread, store.close)
+            db_thread.shutdown()
+            raise
+        http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False)
+        server = cls(curriculum, settings, metrics, store, pool, http, db_thread)
+        await server._restore()
+        return server
+
+    async def close(self) -> None:
+        await self.pool.close()
+        await self.http.aclose()
+        await self._db(self.store.close)
+        self._db_thread.shutdown(wait=True)
+
+    async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._db_thread, lambda: fn(*args, **kwargs))
+
+    async def _restore(self) -> None:
+        self.schedule = StageSchedule(self.curriculum.stages, await self._db(self.store.transitions))
+        self.last_iteration = await self._db(self.store.last_iteration)
+        totals = await self._db(self.store.stage_totals)
+        for index, stats in enumerate(self._stats):
+            t = totals.get(index)
+            if t is not None:
+                stats.iterations, stats.samples = t.iterations, t.samples
+                stats.graded, stats.errors, stats.reward_sum = t.graded, t.errors, t.reward_sum
+            assert stats.window.maxlen is not None
+            stats.window.extend(await self._db(self.store.recent_rewards, index, stats.window.maxlen))
+        self._publish_stage_metrics()
+        if self.last_iteration is not None:
+            self.metrics.last_iteration.set(self.last_iteration)
+
+    # --- sample -----------------------------------------------------------------------------------------
+
+    async def sample(self, req: wire.SampleRequest) -> bytes:
+        """The JSON of :class:`~proctor.server.protocol.SampleResponse` for ``req.iteration`` (or the rank's
+        share of it), creating the batch on first request.
+
+        Bytes rather than a model: the samples of a batch are encoded once, when the batch is made or
+        loaded, so the repeats (every other rank, every retry) cost a join instead of a serialisation.
+        """
+        limit = self.settings.max_batch_size
+        if req.batch_size > limit:
+            raise InvalidRequestError(
+                "batch_size", f"{req.batch_size} is above this server's maximum of {limit} (PROCTOR_MAX_BATCH_SIZE)"
+            )
+        if req.world_size is not None and req.batch_size % req.world_size:
+            raise InvalidRequestError(
+                "batch_size",
+                f"{req.batch_size} prompts cannot be split evenly over world_size {req.world_size}; "
+                "send the step's prompts across all ranks, a multiple of world_size",
+            )
+        batch = self._cache_get(req.iteration)
+        if batch is None:
+            async with self._sample_lock:
+                batch = self._cache_get(req.iteration)
+                if batch is None and self.last_iteration is not None and req.iteration <= self.last_iteration:
+                    # Only iterations up to the highest one sampled can be in the store.
+                    row = await self._db(self.store.get_iteration, req.iteration)
+                    batch = None if row is None else _Batch.of(row, self.curriculum)
+                if batch is None:
+                    batch = _Batch.of(await self._new_iteration(req.iteration, req.batch_size), self.curriculum)
+                self._cache_put(batch)
+        if batch.batch_size != req.batch_size:
+            raise ConflictError(
+                f"iteration {req.iteration} was sampled with batch_size {batch.batch_size}; ask again with "
+                f"batch_size {batch.batch_size} (rank and world_size select a share of it), or use another iteration"
+            )
+        samples = batch.samples
+        if req.rank is not None and req.world_size is not None:
+            share = batch.batch_size // req.world_size
+            samples = samples[req.rank * share : (req.rank + 1) * share]
+        tail = json.dumps(
+            {
+                "stage": batch.stage_name,
+                "stage_index": batch.stage,
+                "iteration": batch.iteration,
+                "batch_size": batch.batch_size,
+                "rank": req.rank,
+                "world_size": req.world_size,
+            }
+        )
+        return b'{"samples":[' + b",".join(samples) + b"]," + tail[1:].encode()
+
+    async def _new_iteration(self, iteration: int, batch_size: int) -> IterationRow:
+        transitions: list[TransitionRecord] = []
+        if self.last_iteration is None or iteration > self.last_iteration:
+            transitions = self.schedule.decide(iteration, self._gate_view)
+        trial = StageSchedule(self.schedule.stages, [*self.schedule.transitions, *transitions])
+        stage = trial.stage_of(iteration)
+        picks = self.mixer.draw(iteration, batch_size, trial.stage_of)
+        samples = [self._sample_dict(source, key) for source, key in picks]
+        row = IterationRow(iteration, batch_size, stage, samples)
+        await self._db(self.store.record_iteration, row, transitions)
+        # Committed: now memory may follow.
+        self.schedule.apply(transitions)
+        self.last_iteration = iteration if self.last_iteration is None else max(self.last_iteration, iteration)
+        stats = self._stats[stage]
+        stats.iterations += 1
+        stats.samples += batch_size
+        stage_name = self.curriculum.stages[stage].name
+        for source, _ in picks:
+            self.metrics.samples.labels(stage_name, source).inc()
+        self.metrics.last_iteration.set(self.last_iteration)
+        if transitions:
+            self.metrics.transitions.inc(len(transitions))
+            self._publish_stage_metrics()
+        return row
+
+    def _sample_dict(self, source: str, key: int) -> dict[str, Any]:
+        src = self.curriculum.sources[source]
+        record = src.record(key)
+        return {
+            "sample_id": src.sample_id(key),
+            "dataset_id": source,
+            "system_prompt": record.system_prompt or self.curriculum.system_prompt,
+            "prompt": record.prompt,
+            "metadata": dict(record.metadata),
+        }
+
+    def _gate_view(self, stage: int) -> tuple[float | None, int]:
+        stats = self._stats[stage]
+        return stats.rolling, len(stats.window)
+
+    def _cache_get(self, iteration: int) -> _Batch | None:
+        batch = self._cache.get(iteration)
+        if batch is not None:
+            self._cache.move_to_end(iteration)
+        return batch
+
+    def _cache_put(self, batch: _Batch) -> None:
+        if self.settings.sample_cache == 0:
+            return
+        self._cache[batch.iteration] = batch
+        self._cache.move_to_end(batch.iteration)
+        while len(self._cache) > self.settings.sample_cache:
+            self._cache.popitem(last=False)
+
+    # --- grade ------------------------------------------------------------------------------------------
+
+    async def grade(self, req: wire.GradeRequest) -> wire.GradeResponse:
+        """Rewards for the request's completions, matched by ``(sample_id, completion_index)``."""
+        items = self._validate_items(req)
+        await self._attribute(items, req.iteration)
+
+        stored = await self._db(self.store.find_grades, [it.key for it in items if it.record is not None])
+        fresh: list[_Item] = []
+        for it in items:
+            if it.record is None:
+                continue
+            prior = stored.get(it.key)
+            # Errors are not final: a completion whose grader failed is graded again when posted again.
+            if prior is None or prior.error is not None:
+                fresh.append(it)
+        if fresh:
+            await self._run_graders(fresh)
+        rows = {it.key: self._to_row(it) for it in fresh}
+        outcome = await self._db(self.store.insert_grades, list(rows.values()))
+        raced = [row.key for row, status in zip(rows.values(), outcome, strict=True) if status == "exists"]
+        if raced:
+            # Another request stored the same grade meanwhile; answer with that one, count it once.
+            stored.update(await self._db(self.store.find_grades, raced))
+        for row, status in zip(rows.values(), outcome, strict=True):
+            if status != "exists":
+                self._count(row, replaced_error=status == "replaced_error")
+        results = []
+        for it in items:
+            if it.record is None:
+                results.append(self._stale_result(it))
+                continue
+            if it.key in rows and it.key not in raced:
+                results.append(self._result(it, rows[it.key], cached=False))
+            else:
+                self.metrics.grades_cached.inc()
+                results.append(self._result(it, stored[it.key], cached=True))
+        return wire.GradeResponse(results=results)
+
+    def _validate_items(self, req: wire.GradeRequest) -> list[_Item]:
+        s = self.settings
+        if len(req.items) > s.max_grade_items:
+            raise InvalidRequestError(
+                "items",
+                f"{len(req.items)} items is above this server's maximum of {s.max_grade_items} per request "
+                "(PROCTOR_MAX_GRADE_ITEMS); split the request",
+            )
+        next_index: dict[str, int] = {}
+        seen: dict[tuple[str, int], int] = {}
+        items: list[_Item] = []
+        for n, item in enumerate(req.items):
+            if len(item.completion) > s.max_completion_chars:
+                raise InvalidRequestError(
+                    f"items[{n}].completion",
+                    f"{len(item.completion)} characters is above this server's maximum of "
+                    f"{s.max_completion_chars} (PROCTOR_MAX_COMPLETION_CHARS)",
+                )
+            try:
+                sid = SampleId.parse(item.sample_id)
+            except ValueError as exc:
+                raise InvalidRequestError(f"items[{n}].sample_id", str(exc)) from None
+            src = self.curriculum.sources.get(sid.source)
+            if src is None:
+                known = ", ".join(sorted(self.curriculum.sources))
+                raise InvalidRequestError(
+                    f"items[{n}].sample_id",
+                    f"unknown source {sid.source!r} in {item.sample_id!r}; this server's sources are: {known}",
+                )
+            record = None
+            if sid.version == src.version:
+                try:
+                    record = src.record(sid.key)
+                except KeyError:
+                    raise InvalidRequestError(
+                        f"items[{n}].sample_id",
+                        f"source {sid.source!r} has no record {sid.key} (it has {src.size}); "
+                        "send sample ids exactly as /sample returned them",
+                    ) from None
+            index = item.completion_index
+            if index is None:
+                index = next_index.get(item.sample_id, 0)
+            next_index[item.sample_id] = max(next_index.get(item.sample_id, 0), index + 1)
+            pair = (item.sample_id, index)
+            if pair in seen:
+                raise InvalidRequestError(
+                    f"items[{n}]",
+                    f"(sample_id, completion_index) = ({item.sample_id!r}, {index}) already appears at "
+                    f"items[{seen[pair]}]; give each completion of a prompt its own completion_index",
+                )
+            seen[pair] = n
+            items.append(_Item(n, item.sample_id, index, item.completion, item.completion_tokens, sid.source, record))
+        return items
+
+    async def _attribute(self, items: Sequence[_Item], iteration: int | None) -> None:
+        """Give each item the iteration (and so the stage) it belongs to, and its idempotency key."""
+        served: dict[str, int] = {}
+        if iteration is None:
+            served = await self._db(self.store.latest_served, [it.sample_id for it in items])
+        for it in items:
+            # Ids that were never served (sampled by another server, say) count toward the latest iteration.
+            it_iter = iteration if iteration is not None else served.get(it.sample_id, self.last_iteration or 0)
+            it.stage = self.schedule.stage_of(it_iter)
+            sha = hashlib.sha256(it.completion.encode()).hexdigest()
+            it.key = (it_iter, it.sample_id, it.completion_index, sha)
+
+    async def _run_graders(self, items: Sequence[_Item]) -> None:
+        tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(self._grade_local(it)) for it in items]
+        by_source: dict[str, list[_Item]] = {}
+        for it in items:
+            by_source.setdefault(it.source, []).append(it)
+        for source, group in by_source.items():
+            for grader in self.curriculum.graders[source].remote:
+                tasks.append(asyncio.ensure_future(self._grade_remote_group(source, grader.key, group)))
+        await asyncio.gather(*tasks)
+
+    def _grade_input(self, it: _Item) -> GradeInput:
+        assert it.record is not None
+        return GradeInput(
+            prompt=it.record.prompt,
+            completion=it.completion,
+            answer=it.record.answer,
+            metadata=it.record.metadata,
+            completion_tokens=it.completion_tokens,
+        )
+
+    async def _grade_local(self, it: _Item) -> None:
+        graders = self.curriculum.graders[it.source].local
+        if not graders:
+            return
+        started = time.perf_counter()
+        try:
+            scores = await self.pool.run(graders, self._grade_input(it), self.settings.grader_timeout_s)
+        except (GraderTimeout, GraderCrashed) as exc:
+            kind = "timeout" if isinstance(exc, GraderTimeout) else "crash"
+            names = "+".join(g.key for g in graders)
+            it.errors.append(f"{names}: {exc}")
+            self.metrics.grader_errors.labels(names, kind).inc()
+            return
+        finally:
+            self.metrics.grader_seconds.observe(time.perf_counter() - started)
+        for key, value in scores.items():
+            if isinstance(value, str):
+                it.errors.append(f"{key}: {value}")
+                self.metrics.grader_errors.labels(key, "error").inc()
+            else:
+                it.scores[key] = value
+
+    async def _grade_remote_group(self, source: str, key: str, group: Sequence[_Item]) -> None:
+        grader = next(g for g in self.curriculum.graders[source].remote if g.key == key)
+        results = await grade_remote(self.http, grader, [self._grade_input(it) for it in group])
+        for it, value in zip(group, results, strict=True):
+            if isinstance(value, str):
+                it.errors.append(value)
+                self.metrics.grader_errors.labels(key, "timeout" if "timed out" in value else "error").inc()
+            else:
+                it.scores[key] = value
+
+    def _to_row(self, it: _Item) -> GradeRow:
+        graders: SourceGraders = self.curriculum.graders[it.source]
+        if it.errors:
+            return GradeRow(it.key, it.stage, it.source, graders.on_error, dict(it.scores), "; ".join(it.errors))
+        return GradeRow(it.key, it.stage, it.source, graders.compose(it.scores), dict(it.scores), None)
+
+    def _count(self, row: GradeRow, *, replaced_error: bool) -> None:
+        stats = self._stats[row.stage]
+        stage_name = self.curriculum.stages[row.stage].name
+        if replaced_error:
+            stats.errors -= 1
+        if row.error is not None:
+            stats.errors += 1
+            return
+        stats.graded += 1
+        stats.reward_sum += row.reward
+        stats.window.append(row.reward)
+        self.metrics.grades.labels(stage_name, row.source).inc()
+        self.metrics.reward.labels(stage_name).observe(row.reward)
+        rolling = stats.rolling
+        if rolling is not None:
+            self.metrics.rolling_reward.labels(stage_name).set(rolling)
+
+    def _result(self, it: _Item, row: GradeRow, *, cached: bool) -> wire.GradeResult:
+        return wire.GradeResult(
+            sample_id=it.sample_id,
+            completion_index=it.completion_index,
+            reward=row.reward,
+            components=row.components,
+            error=row.error,
+            cached=cached,
+        )
+
+    def _stale_result(self, it: _Item) -> wire.GradeResult:
+        sid = SampleId.parse(it.sample_id)
+        src = self.curriculum.sources[sid.source]
+        self.metrics.grader_errors.labels("-", "stale").inc()
+        return wire.GradeResult(
+            sample_id=it.sample_id,
+            completion_index=it.completion_index,
+            reward=self.curriculum.graders[sid.source].on_error,
+            error=(
+                f"stale sample_id: it was served from version {sid.version} of source {sid.source!r}, which is now "
+                f"version {src.version} (its data or settings changed), so it was not graded"
+            ),
+        )
+
+    # --- read-only views --------------------------------------------------------------------------------
+
+    def meta(self) -> wire.Meta:
+        c = self.curriculum
+        return wire.Meta(
+            total_iterations=c.total_iterations,
+            stages=[wire.StageInfo(name=s.name, until_step=s.until_step) for s in c.stages],
+            curriculum=c.name,
+            curriculum_hash=c.hash,
+            seed=c.seed,
+            sources=[
+                wire.SourceInfo(
+                    name=name,
+                    kind=src.kind,
+                    version=src.version,
+                    size=src.size,
+                    graders=list(c.graders[name].names),
+                )
+                for name, src in c.sources.items()
+            ],
+            max_batch_size=self.settings.max_batch_size,
+            version=__version__,
+        )
+
+    def curriculum_state(self) -> wire.CurriculumState:
+        c = self.curriculum
+        starts: dict[int, int] = {0: 0}
+        for t in self.schedule.transitions:
+            starts[t.to_stage] = t.iteration
+        current = self.schedule.current
+        stages = []
+        for s, stats in zip(c.stages, self._stats, strict=True):
+            stages.append(
+                wire.StageState(
+                    name=s.name,
+                    index=s.index,
+                    until_step=s.until_step,
+                    started_at=starts.get(s.index) if s.index <= current else None,
+                    advance=s.advance.model_dump() if s.advance else None,
+                    iterations=stats.iterations,
+                    samples=stats.samples,
+                    graded=stats.graded,
+                    errors=stats.errors,
+                    mean_reward=stats.reward_sum / stats.graded if stats.graded else None,
+                    rolling_reward=stats.rolling,
+                    rolling_count=len(stats.window),
+                )
+            )
+        return wire.CurriculumState(
+            curriculum=c.name,
+            curriculum_hash=c.hash,
+            current_stage=c.stages[current].name,
+            current_stage_index=current,
+            last_iteration=self.last_iteration,
+            total_iterations=c.total_iterations,
+            transitions=[
+                wire.Transition(
+                    iteration=t.iteration,
+                    from_stage=c.stages[t.from_stage].name,
+                    to_stage=c.stages[t.to_stage].name,
+                    reason=t.reason,
+                    rolling_reward=t.rolling_reward,
+                    rolling_count=t.rolling_count,
+                )
+                for t in self.schedule.transitions
+            ],
+            stages=stages,
+        )
+
+    def _publish_stage_metrics(self) -> None:
+        current = self.schedule.current
+        self.metrics.current_stage.set(current)
+        for s in self.curriculum.stages:
+            self.metrics.stage_active.labels(s.name).set(1 if s.index == current else 0)

@@ -1,0 +1,75 @@
+"""Server settings: one pydantic-settings model, every field readable from a ``PROCTOR_`` variable.
+
+Built once by the entry point (the CLI, or a test) and passed to :func:`proctor.server.app.create_app`;
+nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from proctor.curricula import builtin_path
+from proctor.server.grading.pool import default_workers
+
+__all__ = ["Settings", "SettingsError", "load_settings"]
+
+
+class SettingsError(ValueError):
+    """Invalid configuration; the message names the environment variable to fix."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="PROCTOR_", env_file=".env", env_ignore_empty=True, extra="ignore", frozen=True
+    )
+
+    curriculum: Path = Field(
+        default_factory=builtin_path,
+        description="Curriculum YAML file; default: the shipped arithmetic ladder.",
+    )
+    state: str = Field(default="proctor-state.db", description="SQLite state file, or :memory: for a throwaway run.")
+    state_sync: Literal["normal", "full"] = Field(
+        default="normal",
+        description="SQLite synchronous mode: normal survives crashes, full also power loss.",
+    )
+    seed: int | None = Field(default=None, description="Overrides the curriculum's seed.")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_key: SecretStr | None = Field(
+        default=None, description="When set, every route but /healthz needs `Authorization: Bearer <key>`."
+    )
+    max_batch_size: int = Field(default=4096, ge=1, description="Largest batch_size /sample accepts.")
+    max_grade_items: int = Field(default=16384, ge=1, description="Most items one /grade request may carry.")
+    max_completion_chars: int = Field(default=200_000, ge=1, description="Longest completion /grade accepts.")
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Largest request body (413).")
+    grader_workers: int = Field(default_factory=default_workers, ge=1, description="Grader processes.")
+    grader_timeout_s: float = Field(default=10.0, gt=0, description="Time limit to grade one completion.")
+    sample_cache: int = Field(default=256, ge=0, description="Recent iterations kept in memory for repeats.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("curriculum")
+    @classmethod
+    def _exists(cls, path: Path) -> Path:
+        if not path.is_file():
+            raise ValueError(f"no curriculum file at {path}")
+        return path
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment (and ``.env``) with explicit overrides on top.
+
+    Raises :class:`SettingsError` naming the offending ``PROCTOR_*`` variable, so that a bad value stops
+    start-up with a message an operator can act on.
+    """
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            lines.append(f"PROCTOR_{name.upper()} ({name}): {err['msg']}; got {err.get('input')!r}")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None

@@ -1,0 +1,86 @@
+"""What every source provides: records addressed by an integer key, and a content version.
+
+A sample id is ``<source>:<version>:<key>``. The version changes whenever the records behind the keys may
+have changed (a data file was edited, a generator's knobs or seed moved), so a completion can never be
+graded against a record other than the one it was sampled from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from proctor.server.curriculum.spec import NAME_PATTERN
+
+__all__ = ["Record", "SampleId", "Source", "content_version"]
+
+_SAMPLE_ID = re.compile(NAME_PATTERN.strip("^$") + r":(?P<version>[0-9a-f]{10}):(?P<key>0|[1-9][0-9]*)")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One prompt with what its graders need."""
+
+    key: int
+    prompt: str
+    answer: str | None = None
+    system_prompt: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleId:
+    source: str
+    version: str
+    key: int
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.version}:{self.key}"
+
+    @classmethod
+    def parse(cls, text: str) -> SampleId:
+        """Parse ``source:version:key``; raises ValueError with the expected shape."""
+        m = _SAMPLE_ID.fullmatch(text)
+        if m is None:
+            raise ValueError(
+                f"malformed sample_id {text[:80]!r}: expected '<source>:<10 hex version>:<record>' "
+                "exactly as /sample returned it"
+            )
+        source = text.split(":", 1)[0]
+        return cls(source=source, version=m.group("version"), key=int(m.group("key")))
+
+
+def content_version(*parts: Any) -> str:
+    """A short, stable digest of whatever determines a source's records."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:10]
+
+
+class Source(ABC):
+    """A finite table of records or an infinite generator of them."""
+
+    kind: str
+
+    def __init__(self, name: str, version: str) -> None:
+        self.name = name
+        self.version = version
+
+    @property
+    @abstractmethod
+    def size(self) -> int | None:
+        """Number of records, or ``None`` for a procedural source with no end."""
+
+    @abstractmethod
+    def record(self, key: int) -> Record:
+        """The record with this key; raises ``KeyError`` when there is none."""
+
+    def sample_id(self, key: int) -> str:
+        return f"{self.name}:{self.version}:{key}"

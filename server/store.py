@@ -1,0 +1,302 @@
+"""Durable state in one SQLite file: the batch of every sampled iteration, every grade, every transition.
+
+WAL mode: readers never block the writer, and a transaction is on disk (in the WAL) once ``commit``
+returns, so ``kill -9`` at any moment loses nothing that was acknowledged. ``synchronous=NORMAL`` (the
+default here) survives a process crash; ``full`` also survives a power cut, at the cost of an fsync per
+commit.
+
+A state file belongs to one curriculum (its content hash and seed): opening it with another is refused,
+since its iterations and grades would no longer mean what they meant.
+
+All methods are synchronous; :class:`proctor.server.service.Dataserver` calls them from one dedicated
+thread, which is also the only thread that touches the connection.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from proctor.server.curriculum.engine import TransitionRecord
+
+__all__ = [
+    "GradeKey",
+    "GradeOutcome",
+    "GradeRow",
+    "IterationRow",
+    "StageTotals",
+    "StateMismatchError",
+    "Store",
+]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS iterations (
+    iteration INTEGER PRIMARY KEY,
+    batch_size INTEGER NOT NULL,
+    stage INTEGER NOT NULL,
+    samples TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS served (
+    sample_id TEXT NOT NULL,
+    iteration INTEGER NOT NULL,
+    PRIMARY KEY (sample_id, iteration)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS transitions (
+    seq INTEGER PRIMARY KEY,
+    iteration INTEGER NOT NULL,
+    from_stage INTEGER NOT NULL,
+    to_stage INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    rolling_reward REAL,
+    rolling_count INTEGER,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS grades (
+    seq INTEGER PRIMARY KEY,
+    iteration INTEGER NOT NULL,
+    sample_id TEXT NOT NULL,
+    completion_index INTEGER NOT NULL,
+    completion_sha TEXT NOT NULL,
+    stage INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    reward REAL NOT NULL,
+    components TEXT NOT NULL,
+    error TEXT,
+    created_at REAL NOT NULL,
+    UNIQUE (iteration, sample_id, completion_index, completion_sha)
+);
+CREATE INDEX IF NOT EXISTS grades_by_stage ON grades (stage, seq);
+"""
+
+
+class StateMismatchError(RuntimeError):
+    """The state file was written for another curriculum or seed."""
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRow:
+    iteration: int
+    batch_size: int
+    stage: int
+    samples: list[dict[str, Any]]
+
+
+# (iteration, sample_id, completion_index, sha256 of the completion): what makes a grade "the same grade".
+GradeKey = tuple[int, str, int, str]
+GradeOutcome = Literal["inserted", "replaced_error", "exists"]
+
+
+@dataclass(frozen=True, slots=True)
+class GradeRow:
+    key: GradeKey
+    stage: int
+    source: str
+    reward: float
+    components: dict[str, float]
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StageTotals:
+    iterations: int = 0
+    samples: int = 0
+    graded: int = 0
+    errors: int = 0
+    reward_sum: float = 0.0
+
+
+class Store:
+    def __init__(self, path: str | Path, *, synchronous: Literal["normal", "full"] = "normal") -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # The connection is used from one thread at a time (the service's store thread); the check is off so
+        # that it may be created on another.
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # --- binding ------------------------------------------------------------------------------------------
+
+    def bind(self, *, curriculum: str, curriculum_hash: str, seed: int) -> None:
+        """Claim an empty state file for this curriculum, or check that it already belongs to it."""
+        meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        if not meta:
+            with self._tx():
+                self._db.executemany(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)",
+                    [
+                        ("schema_version", str(SCHEMA_VERSION)),
+                        ("curriculum", curriculum),
+                        ("curriculum_hash", curriculum_hash),
+                        ("seed", str(seed)),
+                        ("created_at", str(time.time())),
+                    ],
+                )
+            return
+        if meta.get("schema_version") != str(SCHEMA_VERSION):
+            raise StateMismatchError(
+                f"state file {self.path} has schema version {meta.get('schema_version')}, this proctor writes "
+                f"{SCHEMA_VERSION}; use a new --state path"
+            )
+        if meta.get("curriculum_hash") != curriculum_hash or meta.get("seed") != str(seed):
+            raise StateMismatchError(
+                f"state file {self.path} belongs to curriculum {meta.get('curriculum')!r} "
+                f"(hash {meta.get('curriculum_hash')}, seed {meta.get('seed')}), but the server loaded "
+                f"{curriculum!r} (hash {curriculum_hash}, seed {seed}). The curriculum, its data or its seed "
+                "changed since this state was written: start a new state with another --state path "
+                "(or delete this file to discard the old run)"
+            )
+
+    # --- iterations -------------------------------------------------------------------------------------
+
+    def get_iteration(self, iteration: int) -> IterationRow | None:
+        row = self._db.execute(
+            "SELECT iteration, batch_size, stage, samples FROM iterations WHERE iteration = ?", (iteration,)
+        ).fetchone()
+        if row is None:
+            return None
+        return IterationRow(row[0], row[1], row[2], json.loads(row[3]))
+
+    def record_iteration(self, row: IterationRow, transitions: Sequence[TransitionRecord]) -> None:
+        """Store a new iteration's batch together with the transitions decided for it, atomically."""
+        now = time.time()
+        with self._tx():
+            self._db.execute(
+                "INSERT INTO iterations (iteration, batch_size, stage, samples, created_at) VALUES (?, ?, ?, ?, ?)",
+                (row.iteration, row.batch_size, row.stage, json.dumps(row.samples), now),
+            )
+            self._db.executemany(
+                "INSERT OR IGNORE INTO served (sample_id, iteration) VALUES (?, ?)",
+                [(s["sample_id"], row.iteration) for s in row.samples],
+            )
+            self._db.executemany(
+                "INSERT INTO transitions (iteration, from_stage, to_stage, reason, rolling_reward, rolling_count,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (t.iteration, t.from_stage, t.to_stage, t.reason, t.rolling_reward, t.rolling_count, now)
+                    for t in transitions
+                ],
+            )
+
+    def last_iteration(self) -> int | None:
+        value = self._db.execute("SELECT MAX(iteration) FROM iterations").fetchone()[0]
+        return None if value is None else int(value)
+
+    def transitions(self) -> list[TransitionRecord]:
+        rows = self._db.execute(
+            "SELECT iteration, from_stage, to_stage, reason, rolling_reward, rolling_count FROM transitions "
+            "ORDER BY seq"
+        ).fetchall()
+        return [TransitionRecord(*r) for r in rows]
+
+    def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]:
+        """The latest iteration that served each id (ids never served are absent)."""
+        out: dict[str, int] = {}
+        for sid in set(sample_ids):
+            row = self._db.execute("SELECT MAX(iteration) FROM served WHERE sample_id = ?", (sid,)).fetchone()
+            if row[0] is not None:
+                out[sid] = int(row[0])
+        return out
+
+    # --- grades -----------------------------------------------------------------------------------------
+
+    def find_grades(self, keys: Iterable[GradeKey]) -> dict[GradeKey, GradeRow]:
+        out: dict[GradeKey, GradeRow] = {}
+        for key in keys:
+            row = self._db.execute(
+                "SELECT stage, source, reward, components, error FROM grades WHERE iteration = ? AND sample_id = ?"
+                " AND completion_index = ? AND completion_sha = ?",
+                key,
+            ).fetchone()
+            if row is not None:
+                out[key] = GradeRow(key, row[0], row[1], row[2], json.loads(row[3]), row[4])
+        return out
+
+    def insert_grades(self, rows: Sequence[GradeRow]) -> list[GradeOutcome]:
+        """Store grades in one transaction. Per row: ``inserted``; ``replaced_error`` when it replaces a stored
+        error result of the same key (errors are retried, successes are final); ``exists`` when a successful
+        grade of that key was already stored (a concurrent duplicate), which the caller reads back instead."""
+        now = time.time()
+        outcome: list[GradeOutcome] = []
+        with self._tx():
+            for r in rows:
+                prior = self._db.execute(
+                    "SELECT error FROM grades WHERE iteration = ? AND sample_id = ? AND completion_index = ?"
+                    " AND completion_sha = ?",
+                    r.key,
+                ).fetchone()
+                values = (r.stage, r.source, r.reward, json.dumps(r.components), r.error, now)
+                if prior is None:
+                    self._db.execute(
+                        "INSERT INTO grades (iteration, sample_id, completion_index, completion_sha, stage, source,"
+                        " reward, components, error, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (*r.key, *values),
+                    )
+                    outcome.append("inserted")
+                elif prior[0] is not None:
+                    self._db.execute(
+                        "UPDATE grades SET stage = ?, source = ?, reward = ?, components = ?, error = ?, created_at = ?"
+                        " WHERE iteration = ? AND sample_id = ? AND completion_index = ? AND completion_sha = ?",
+                        (*values, *r.key),
+                    )
+                    outcome.append("replaced_error")
+                else:
+                    outcome.append("exists")
+        return outcome
+
+    # --- statistics for a restart -----------------------------------------------------------------------
+
+    def stage_totals(self) -> dict[int, StageTotals]:
+        out: dict[int, dict[str, Any]] = {}
+        for stage, iterations, samples in self._db.execute(
+            "SELECT stage, COUNT(*), SUM(batch_size) FROM iterations GROUP BY stage"
+        ):
+            out.setdefault(stage, {}).update(iterations=iterations, samples=samples or 0)
+        for stage, graded, errors, reward_sum in self._db.execute(
+            "SELECT stage, SUM(error IS NULL), SUM(error IS NOT NULL), SUM(CASE WHEN error IS NULL THEN reward END)"
+            " FROM grades GROUP BY stage"
+        ):
+            out.setdefault(stage, {}).update(graded=graded or 0, errors=errors or 0, reward_sum=reward_sum or 0.0)
+        return {stage: StageTotals(**fields) for stage, fields in out.items()}
+
+    def recent_rewards(self, stage: int, limit: int) -> list[float]:
+        """The latest ``limit`` error-free rewards of a stage, oldest first."""
+        rows = self._db.execute(
+            "SELECT reward FROM grades WHERE stage = ? AND error IS NULL ORDER BY seq DESC LIMIT ?",
+            (stage, limit),
+        ).fetchall()
+        return [r[0] for r in reversed(rows)]
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on error."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")

@@ -1,0 +1,179 @@
+"""Shared fixtures: a small curriculum on disk, settings for it, the app behind httpx, and a real server process."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from fastapi import FastAPI
+
+from proctor.server.app import create_app
+from proctor.server.launcher import ServerProcess
+from proctor.server.settings import Settings
+
+GRADERS_PY = """
+import os
+import time
+
+
+def slow(sample, *, seconds=30.0):
+    time.sleep(seconds)
+    return 1.0
+
+
+def boom(sample):
+    raise RuntimeError("boom: this grader fails on purpose")
+
+
+def crash(sample):
+    os._exit(7)
+
+
+def half(sample):
+    return 0.5
+"""
+
+QA_ROWS = [
+    {"q": "Capital of France?", "a": "Paris", "topic": "geo"},
+    {"q": "Colour of the sky?", "a": "blue", "topic": "nature"},
+    {"q": "2 + 2?", "a": "4", "topic": "math"},
+    {"q": "Opposite of hot?", "a": "cold", "topic": "words"},
+    {"q": "Largest planet?", "a": "Jupiter", "topic": "space"},
+    {"q": "Frozen water?", "a": "ice", "topic": "nature"},
+]
+
+# Small on purpose: a gated first stage, a mixed second stage with replay, and sources that exist only to
+# be graded directly (a slow, a failing and a crashing grader).
+TINY = {
+    "name": "tiny",
+    "seed": 5,
+    "system_prompt": "Answer briefly.",
+    "sources": {
+        "add": {"kind": "arithmetic", "ops": ["+"], "digits": [1, 1], "graders": ["numeric"]},
+        "qa": {
+            "path": "qa.jsonl",
+            "prompt_field": "q",
+            "answer_field": "a",
+            "graders": [{"name": "exact_match"}, {"name": "half", "weight": 0}],
+            "on_error": -1.0,
+        },
+        "slowpoke": {"kind": "arithmetic", "graders": [{"name": "slow", "params": {"seconds": 30}}], "on_error": -0.5},
+        "faulty": {"kind": "arithmetic", "graders": ["numeric", "boom"], "on_error": -1.0},
+        "crashy": {"kind": "arithmetic", "graders": ["crash"]},
+    },
+    "graders": {
+        "slow": {"python": "./graders.py:slow"},
+        "boom": {"python": "./graders.py:boom"},
+        "crash": {"python": "./graders.py:crash"},
+        "half": {"python": "./graders.py:half"},
+    },
+    "stages": [
+        {
+            "name": "warm",
+            "until_step": 10,
+            "mix": [{"source": "add"}],
+            "advance": {"threshold": 0.9, "window": 4, "min_steps": 2},
+        },
+        {
+            "name": "main",
+            "until_step": 20,
+            "mix": [{"source": "add", "weight": 0.25}, {"source": "qa", "weight": 0.75}],
+        },
+        {"name": "final", "until_step": 30, "mix": [{"source": "qa"}], "replay": 0.5},
+    ],
+}
+
+
+def write_curriculum(folder: Path, doc: dict[str, Any] | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "graders.py").write_text(GRADERS_PY)
+    (folder / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in QA_ROWS))
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(doc or TINY, sort_keys=False))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Settings read PROCTOR_* variables; a developer's shell must not change what the tests see.
+    for name in list(os.environ):
+        if name.startswith("PROCTOR_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def curriculum_file(tmp_path: Path) -> Path:
+    return write_curriculum(tmp_path / "curriculum")
+
+
+@pytest.fixture
+def make_settings(curriculum_file: Path) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "curriculum": curriculum_file,
+            "state": ":memory:",
+            "grader_workers": 1,
+            "grader_timeout_s": 2.0,
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    return make
+
+
+@asynccontextmanager
+async def serve_asgi(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """The app behind httpx's ASGI transport, with its lifespan running (the transport does not run it)."""
+    async with app.router.lifespan_context(app) as state:
+
+        async def with_state(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                scope["state"] = dict(state or {})
+            await app(scope, receive, send)
+
+        transport = httpx.ASGITransport(app=with_state)
+        async with httpx.AsyncClient(transport=transport, base_url="http://proctor.test") as client:
+            yield client
+
+
+@pytest.fixture
+def open_client(make_settings: Callable[..., Settings]) -> Callable[..., Any]:
+    """``async with open_client(**settings_overrides) as client:`` for tests that need their own settings."""
+
+    def open_(**overrides: Any) -> Any:
+        return serve_asgi(create_app(make_settings(**overrides)))
+
+    return open_
+
+
+@pytest.fixture
+async def client(make_settings: Callable[..., Settings]) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve_asgi(create_app(make_settings())) as c:
+        yield c
+
+
+@pytest.fixture
+def server_process(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """Start ``proctor serve ARGS`` processes; all are stopped when the test ends."""
+    started: list[ServerProcess] = []
+
+    def start(args: list[str], **kwargs: Any) -> ServerProcess:
+        proc = ServerProcess(args, log=tmp_path / f"server-{len(started)}.log", **kwargs).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()

@@ -1,0 +1,71 @@
+"""proctor validate | preview, and serve's start-up errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from proctor.server.cli import main
+
+
+def test_validate_ok(curriculum_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(curriculum_file)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"ok: {curriculum_file}")
+    assert "3 stages over 30 iterations" in out
+    assert "qa (jsonl, 6)" in out
+    assert "add (arithmetic, ∞)" in out
+
+
+def test_validate_names_the_yaml_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    doc = {
+        "name": "bad",
+        "sources": {"a": {"kind": "arithmetic", "graders": ["numeric"]}},
+        "stages": [
+            {"name": "s0", "until_step": 5, "mix": [{"source": "a"}]},
+            {"name": "s1", "until_step": 9, "mix": [{"source": "gsm9k"}]},
+        ],
+    }
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"proctor validate: invalid curriculum {bad}:" in err
+    assert "stages[1].mix[0].source: unknown source 'gsm9k' (known: a)" in err
+
+
+def test_validate_a_shipped_curriculum_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "word_problems"]) == 0
+    assert "curriculum 'word_problems'" in capsys.readouterr().out
+
+
+def test_preview(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["preview", "arithmetic", "--steps", "0:250"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("arithmetic (hash ")
+    runs = [line.split() for line in lines if "–" in line and "[" in line]
+    assert [(r[0], r[1]) for r in runs] == [
+        ("0–19", "one_digit"),
+        ("20–59", "two_digit"),
+        ("60–119", "multiply"),
+        ("120–249", "mixed"),
+    ]
+    assert "may end early: mean reward ≥ 0.8 over 64 graded completions, after ≥ 5 steps" in out
+    assert "past total_iterations" in out
+    prompts = [line for line in lines if line.startswith("  ") and "→" in line]
+    assert [p.split()[0] for p in prompts] == ["one_digit", "two_digit", "multiply", "mixed"]
+
+
+@pytest.mark.parametrize("steps", ["x:y", "5:5", "-1:3"])
+def test_preview_bad_steps(steps: str) -> None:
+    with pytest.raises(SystemExit, match="--steps"):
+        main(["preview", "arithmetic", f"--steps={steps}"])
+
+
+def test_serve_refuses_a_bad_setting(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PROCTOR_MAX_BATCH_SIZE", "lots")
+    assert main(["serve", "arithmetic", "--state", ":memory:"]) == 2
+    assert "PROCTOR_MAX_BATCH_SIZE (max_batch_size): Input should be a valid integer" in capsys.readouterr().err

@@ -1,0 +1,65 @@
+"""Settings from PROCTOR_* variables; a bad value names its variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proctor.curricula import builtin_path
+from proctor.server.settings import SettingsError, load_settings
+
+
+def test_defaults() -> None:
+    s = load_settings()
+    assert s.curriculum == builtin_path("arithmetic")
+    assert (s.host, s.port, s.state, s.max_batch_size) == ("127.0.0.1", 8000, "proctor-state.db", 4096)
+    assert s.api_key is None
+    assert s.grader_workers >= 1
+
+
+def test_environment_variables(monkeypatch: pytest.MonkeyPatch, curriculum_file: Path) -> None:
+    monkeypatch.setenv("PROCTOR_CURRICULUM", str(curriculum_file))
+    monkeypatch.setenv("PROCTOR_PORT", "9001")
+    monkeypatch.setenv("PROCTOR_API_KEY", "hunter2")
+    monkeypatch.setenv("PROCTOR_MAX_BATCH_SIZE", "64")
+    s = load_settings()
+    assert (s.curriculum, s.port, s.max_batch_size) == (curriculum_file, 9001, 64)
+    assert s.api_key is not None and s.api_key.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(s)
+
+
+def test_explicit_overrides_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROCTOR_PORT", "9001")
+    assert load_settings(port=9002).port == 9002
+    assert load_settings(port=None).port == 9001
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("PROCTOR_PORT", "eighty", "PROCTOR_PORT (port): Input should be a valid integer"),
+        ("PROCTOR_PORT", "70000", "PROCTOR_PORT (port): Input should be less than or equal to 65535"),
+        (
+            "PROCTOR_MAX_BATCH_SIZE",
+            "0",
+            "PROCTOR_MAX_BATCH_SIZE (max_batch_size): Input should be greater than or equal to 1",
+        ),
+        ("PROCTOR_STATE_SYNC", "sometimes", "PROCTOR_STATE_SYNC (state_sync): Input should be 'normal' or 'full'"),
+        ("PROCTOR_CURRICULUM", "/no/such.yaml", "PROCTOR_CURRICULUM (curriculum): Value error, no curriculum file at"),
+        (
+            "PROCTOR_GRADER_TIMEOUT_S",
+            "-1",
+            "PROCTOR_GRADER_TIMEOUT_S (grader_timeout_s): Input should be greater than 0",
+        ),
+    ],
+    ids=["port-text", "port-range", "batch-zero", "sync-enum", "curriculum-missing", "timeout-negative"],
+)
+def test_an_invalid_value_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError, match="invalid configuration") as info:
+        load_settings()
+    assert message in str(info.value)
+    assert repr(value) in str(info.value)

@@ -1,0 +1,92 @@
+"""The SQLite store on its own: binding, iterations, idempotent grades, what a reopen sees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proctor.server.curriculum.engine import TransitionRecord
+from proctor.server.store import GradeRow, IterationRow, StateMismatchError, Store
+
+
+def open_store(path: Path) -> Store:
+    store = Store(path)
+    store.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
+    return store
+
+
+def grade_row(key_suffix: int, *, reward: float = 1.0, error: str | None = None, stage: int = 0) -> GradeRow:
+    return GradeRow((0, f"add:0123456789:{key_suffix}", 0, "sha"), stage, "add", reward, {"numeric": reward}, error)
+
+
+def test_a_state_file_belongs_to_one_curriculum(tmp_path: Path) -> None:
+    open_store(tmp_path / "s.db").close()
+    other = Store(tmp_path / "s.db")
+    with pytest.raises(StateMismatchError, match=r"belongs to curriculum 'tiny' \(hash abc, seed 1\)") as info:
+        other.bind(curriculum="tiny", curriculum_hash="def", seed=1)
+    assert "start a new state with another --state path" in str(info.value)
+    with pytest.raises(StateMismatchError, match="seed 2"):
+        other.bind(curriculum="tiny", curriculum_hash="abc", seed=2)
+    other.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
+    other.close()
+
+
+def test_iterations_and_transitions_survive_a_reopen(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    samples = [{"sample_id": "add:0123456789:0", "prompt": "p"}]
+    transition = TransitionRecord(3, 0, 1, "gate", 0.9, 4)
+    store.record_iteration(IterationRow(3, 1, 1, samples), [transition])
+    store.close()
+    again = open_store(tmp_path / "s.db")
+    assert again.get_iteration(3) == IterationRow(3, 1, 1, samples)
+    assert again.get_iteration(4) is None
+    assert again.transitions() == [transition]
+    assert again.last_iteration() == 3
+    assert again.latest_served(["add:0123456789:0", "add:0123456789:1"]) == {"add:0123456789:0": 3}
+    again.close()
+
+
+def test_a_duplicate_iteration_is_refused_atomically(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    store.record_iteration(IterationRow(0, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])
+    with pytest.raises(Exception, match="UNIQUE"):
+        store.record_iteration(
+            IterationRow(0, 1, 0, [{"sample_id": "a:0123456789:0"}]), [TransitionRecord(0, 0, 1, "x")]
+        )
+    # The transition of the refused iteration was rolled back with it.
+    assert store.transitions() == []
+    store.close()
+
+
+def test_grade_outcomes(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    assert store.insert_grades([grade_row(1), grade_row(2, error="boom", reward=-1)]) == ["inserted", "inserted"]
+    # A success is final; an error is replaced by the next attempt.
+    assert store.insert_grades([grade_row(1, reward=0.0), grade_row(2, reward=0.5)]) == ["exists", "replaced_error"]
+    found = store.find_grades([grade_row(1).key, grade_row(2).key, grade_row(3).key])
+    assert found[grade_row(1).key].reward == 1.0
+    assert found[grade_row(2).key].reward == 0.5
+    assert found[grade_row(2).key].error is None
+    assert grade_row(3).key not in found
+    store.close()
+
+
+def test_stage_totals_and_recent_rewards(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    store.record_iteration(IterationRow(0, 2, 0, [{"sample_id": f"a:0123456789:{i}"} for i in range(2)]), [])
+    store.insert_grades([grade_row(i, reward=i / 10) for i in range(5)] + [grade_row(9, error="x", reward=-1)])
+    store.close()
+    again = open_store(tmp_path / "s.db")
+    totals = again.stage_totals()[0]
+    assert (totals.iterations, totals.samples, totals.graded, totals.errors) == (1, 2, 5, 1)
+    assert totals.reward_sum == pytest.approx(1.0)
+    assert again.recent_rewards(0, 3) == [0.2, 0.3, 0.4]
+    again.close()
+
+
+def test_memory_state_is_accepted(tmp_path: Path) -> None:
+    store = Store(":memory:")
+    store.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
+    assert store.last_iteration() is None
+    store.close()
