@@ -6,12 +6,14 @@ Measures, each with 8 concurrent connections:
 - ``/grade`` with 64 distinct completions per request, math-verify grading in the grader processes;
 - ``/healthz`` probed one request at a time while ``/grade`` keeps the graders saturated, and idle.
 
-Latencies are client-side (they include this client's own overhead on the same machine).
+Latencies are client-side, taken by a lean HTTP/1.1 client (``bench/_http.py``) that shares the machine with
+the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -22,9 +24,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-import httpx
-
+from bench._http import Connection
 from proctor.server.launcher import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,20 +55,25 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def _drive(
-    call: Callable[[httpx.AsyncClient], Awaitable[None]], *, seconds: float, concurrency: int, client: httpx.AsyncClient
+    call: Callable[[Connection], Awaitable[None]], *, seconds: float, concurrency: int, host: str, port: int
 ) -> tuple[list[float], float]:
+    """``concurrency`` connections, each sending ``call`` back to back for ``seconds``."""
+    conns = [await Connection.open(host, port) for _ in range(concurrency)]
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
 
-    async def worker() -> None:
+    async def worker(conn: Connection) -> None:
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            await call(client)
+            await call(conn)
             latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, time.perf_counter() - started
+    await asyncio.gather(*(worker(c) for c in conns))
+    elapsed = time.perf_counter() - started
+    for c in conns:
+        await c.close()
+    return latencies, elapsed
 
 
 def _row(name: str, latencies: list[float], elapsed: float, target: str = "") -> Row:
@@ -75,92 +82,87 @@ def _row(name: str, latencies: list[float], elapsed: float, target: str = "") ->
     )
 
 
-async def _run(url: str, seconds: float) -> list[Row]:
-    limits = httpx.Limits(max_connections=CONCURRENCY + 1, max_keepalive_connections=CONCURRENCY + 1)
+async def _run(host: str, port: int, seconds: float) -> list[Row]:
     rows: list[Row] = []
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
-        # Warm-up: first requests import lazily loaded parts (math-verify in each grader process).
-        await client.post("/sample", json={"iteration": 10_000, "batch_size": SAMPLE_BATCH})
+    drive = functools.partial(_drive, seconds=seconds, concurrency=CONCURRENCY, host=host, port=port)
+    # Warm-up, away from the measured iterations. (Fresh connections per phase: uvicorn closes idle ones.)
+    setup = await Connection.open(host, port)
+    await setup.json("POST", "/sample", {"iteration": 10_000, "batch_size": SAMPLE_BATCH})
+    await setup.close()
 
-        iterations = itertools.count()
-        samples: dict[int, list[dict[str, object]]] = {}
+    iterations = itertools.count()
+    samples: dict[int, list[dict[str, Any]]] = {}
 
-        async def new_sample(c: httpx.AsyncClient) -> None:
-            i = next(iterations)
-            r = await c.post("/sample", json={"iteration": i, "batch_size": SAMPLE_BATCH})
-            r.raise_for_status()
-            samples[i] = r.json()["samples"]
+    async def new_sample(c: Connection) -> None:
+        i = next(iterations)
+        samples[i] = (await c.json("POST", "/sample", {"iteration": i, "batch_size": SAMPLE_BATCH}))["samples"]
 
-        lat, elapsed = await _drive(new_sample, seconds=seconds, concurrency=CONCURRENCY, client=client)
-        rows.append(_row(f"/sample new iteration (batch {SAMPLE_BATCH})", lat, elapsed, "p99 ≤ 10 ms"))
+    rows.append(_row(f"/sample new iteration (batch {SAMPLE_BATCH})", *await drive(new_sample), "p99 ≤ 10 ms"))
 
-        sampled = list(samples)
-        rng = random.Random(0)
+    # What the other ranks (and retries) of recent steps ask for: a share of an iteration already sampled.
+    recent = sorted(samples)[-64:]
+    rng = random.Random(0)
 
-        async def repeat_sample(c: httpx.AsyncClient) -> None:
-            i = rng.choice(sampled)
-            r = await c.post(
-                "/sample", json={"iteration": i, "batch_size": SAMPLE_BATCH, "rank": rng.randrange(4), "world_size": 4}
-            )
-            r.raise_for_status()
+    async def repeat_sample(c: Connection) -> None:
+        body = {"iteration": rng.choice(recent), "batch_size": SAMPLE_BATCH, "rank": rng.randrange(4), "world_size": 4}
+        await c.json("POST", "/sample", body)
 
-        lat, elapsed = await _drive(repeat_sample, seconds=seconds, concurrency=CONCURRENCY, client=client)
-        rows.append(_row("/sample repeat, a rank's share", lat, elapsed))
+    rows.append(_row("/sample repeat: a rank's share of a recent iteration", *await drive(repeat_sample)))
 
-        counter = itertools.count()
-        pool = [s for batch in samples.values() for s in batch]
+    counter = itertools.count()
+    pool = [s for batch in samples.values() for s in batch]
 
-        def grade_body() -> dict[str, object]:
-            n = next(counter)
-            items = []
-            for k in range(GRADE_ITEMS):
-                s = pool[(n * GRADE_ITEMS + k) % len(pool)]
-                # Distinct text per request, so the store never answers from its idempotency cache.
-                answer = rng.choice(["42", "\\frac{3}{4}", "7", "x = 19", "66"])
-                completion = f"<think>try {n}-{k}</think>{answer}"
-                items.append({"sample_id": s["sample_id"], "completion": completion, "completion_index": k})
-            return {"items": items}
+    def grade_body() -> dict[str, Any]:
+        n = next(counter)
+        items = []
+        for k in range(GRADE_ITEMS):
+            s = pool[(n * GRADE_ITEMS + k) % len(pool)]
+            # Distinct text per request, so the store never answers from its idempotency cache.
+            answer = rng.choice(["42", "\\frac{3}{4}", "7", "x = 19", "66"])
+            completion = f"<think>try {n}-{k}</think>{answer}"
+            items.append({"sample_id": s["sample_id"], "completion": completion, "completion_index": k})
+        return {"items": items}
 
-        async def grade(c: httpx.AsyncClient) -> None:
-            r = await c.post("/grade", json=grade_body())
-            r.raise_for_status()
+    async def grade(c: Connection) -> None:
+        await c.json("POST", "/grade", grade_body())
 
-        lat, elapsed = await _drive(grade, seconds=seconds, concurrency=CONCURRENCY, client=client)
-        grade_row = _row(f"/grade ({GRADE_ITEMS} completions, math-verify)", lat, elapsed)
-        rows.append(grade_row)
+    rows.append(_row(f"/grade ({GRADE_ITEMS} completions, math-verify)", *await drive(grade)))
 
-        # /healthz under grading load: 8 connections keep /grade busy while one probe measures /healthz.
-        stop = asyncio.Event()
-        health: list[float] = []
+    # /healthz under grading load: 8 connections keep /grade busy while one more probes /healthz.
+    stop = asyncio.Event()
+    health: list[float] = []
 
-        async def load() -> None:
-            async def one() -> None:
-                while not stop.is_set():
-                    await grade(client)
+    async def load(conn: Connection) -> None:
+        while not stop.is_set():
+            await grade(conn)
 
-            await asyncio.gather(*(one() for _ in range(CONCURRENCY)))
-
-        async def probe() -> None:
-            async with httpx.AsyncClient(base_url=url, timeout=10) as p:
-                await asyncio.sleep(0.5)  # let the load build up
-                deadline = time.perf_counter() + seconds
-                while time.perf_counter() < deadline:
-                    started = time.perf_counter()
-                    (await p.get("/healthz")).raise_for_status()
-                    health.append(time.perf_counter() - started)
-                    await asyncio.sleep(0.01)
-            stop.set()
-
-        started = time.perf_counter()
-        await asyncio.gather(load(), probe())
-        rows.append(_row("/healthz while /grade is saturated", health, time.perf_counter() - started, "p99 ≤ 20 ms"))
-
-        idle: list[float] = []
-        for _ in range(300):
+    async def probe() -> None:
+        conn = await Connection.open(host, port)
+        await asyncio.sleep(0.5)  # let the load build up
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
             started = time.perf_counter()
-            (await client.get("/healthz")).raise_for_status()
-            idle.append(time.perf_counter() - started)
-        rows.append(_row("/healthz idle", idle, sum(idle)))
+            await conn.json("GET", "/healthz")
+            health.append(time.perf_counter() - started)
+            await asyncio.sleep(0.01)
+        stop.set()
+        await conn.close()
+
+    loaders = [await Connection.open(host, port) for _ in range(CONCURRENCY)]
+    started = time.perf_counter()
+    await asyncio.gather(probe(), *(load(c) for c in loaders))
+    rows.append(_row("/healthz while /grade is saturated", health, time.perf_counter() - started, "p99 ≤ 20 ms"))
+    for c in loaders:
+        await c.close()
+
+    idle: list[float] = []
+    conn = await Connection.open(host, port)
+    for _ in range(500):
+        started = time.perf_counter()
+        await conn.json("GET", "/healthz")
+        idle.append(time.perf_counter() - started)
+    await conn.close()
+    rows.append(_row("/healthz idle", idle, sum(idle)))
     return rows
 
 
@@ -173,7 +175,7 @@ def run(seconds: float = 8.0) -> tuple[list[Row], dict[str, object]]:
             cwd=ROOT,
         )
         with server:
-            rows = asyncio.run(_run(server.url, seconds))
+            rows = asyncio.run(_run("127.0.0.1", server.port, seconds))
     env: dict[str, object] = {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),

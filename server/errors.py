@@ -9,7 +9,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-__all__ = ["ConflictError", "InvalidRequestError", "ProctorError", "install_error_handlers"]
+__all__ = [
+    "ConflictError",
+    "InvalidRequestError",
+    "ProctorError",
+    "UnavailableError",
+    "install_error_handlers",
+]
 
 
 class ProctorError(Exception):
@@ -36,6 +42,12 @@ class ConflictError(ProctorError):
     """A request that contradicts what the server already recorded (409)."""
 
     status_code = 409
+
+
+class UnavailableError(ProctorError):
+    """The server cannot serve safely any more, e.g. its state file stopped accepting writes (503)."""
+
+    status_code = 503
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:

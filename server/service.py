@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from proctor.server import protocol as wire
 from proctor.server.curriculum.engine import StageSchedule, TransitionRecord
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.mixing import Mixer
-from proctor.server.errors import ConflictError, InvalidRequestError
+from proctor.server.errors import ConflictError, InvalidRequestError, UnavailableError
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.pool import GraderCrashed, GraderPool, GraderTimeout
 from proctor.server.grading.registry import SourceGraders
@@ -37,10 +38,14 @@ from proctor.server.store import GradeKey, GradeRow, IterationRow, Store
 
 __all__ = ["Dataserver"]
 
+log = logging.getLogger("proctor")
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
 _DEFAULT_WINDOW = 64  # rolling window shown for stages without a gate
+_JSON = json.JSONEncoder(ensure_ascii=False)  # one encoder: json.dumps(..., ensure_ascii=False) builds one per call
+_SERVED_MEMORY = 200_000  # sample ids remembered in memory; older ones are looked up in the store
 
 
 @dataclass(slots=True)
@@ -69,7 +74,7 @@ class _Batch:
 
     @classmethod
     def of(cls, row: IterationRow, curriculum: Curriculum) -> _Batch:
-        encoded = tuple(json.dumps(s, ensure_ascii=False).encode() for s in row.samples)
+        encoded = tuple(_JSON.encode(s).encode() for s in row.samples)
         return cls(row.iteration, row.batch_size, row.stage, curriculum.stages[row.stage].name, encoded)
 
 
@@ -118,6 +123,11 @@ class Dataserver:
         ]
         self._cache: OrderedDict[int, _Batch] = OrderedDict()
         self._sample_lock = asyncio.Lock()
+        # Iterations decided but not yet committed, with the write that commits them.
+        self._pending: dict[int, tuple[_Batch, asyncio.Future[None]]] = {}
+        self.failure: str | None = None
+        # sample_id -> latest iteration that served it, for grades posted without `iteration`.
+        self._served: OrderedDict[str, int] = OrderedDict()
 
     @classmethod
     async def open(cls, curriculum: Curriculum, settings: Settings, metrics: Metrics) -> Dataserver:
@@ -186,17 +196,25 @@ class Dataserver:
                 f"{req.batch_size} prompts cannot be split evenly over world_size {req.world_size}; "
                 "send the step's prompts across all ranks, a multiple of world_size",
             )
-        batch = self._cache_get(req.iteration)
+        self._check_healthy()
+        batch, committed = self._pending.get(req.iteration, (self._cache_get(req.iteration), None))
         if batch is None:
             async with self._sample_lock:
-                batch = self._cache_get(req.iteration)
+                batch, committed = self._pending.get(req.iteration, (self._cache_get(req.iteration), None))
                 if batch is None and self.last_iteration is not None and req.iteration <= self.last_iteration:
                     # Only iterations up to the highest one sampled can be in the store.
                     row = await self._db(self.store.get_iteration, req.iteration)
-                    batch = None if row is None else _Batch.of(row, self.curriculum)
+                    if row is not None:
+                        batch = _Batch.of(row, self.curriculum)
+                        self._cache_put(batch)
                 if batch is None:
-                    batch = _Batch.of(await self._new_iteration(req.iteration, req.batch_size), self.curriculum)
-                self._cache_put(batch)
+                    batch, committed = self._new_iteration(req.iteration, req.batch_size)
+        if committed is not None:
+            # Nobody gets a batch before it is on disk: the answer must survive a crash.
+            try:
+                await asyncio.shield(committed)
+            except Exception as exc:
+                raise UnavailableError(self.failure or f"the state file refused a write ({exc})") from exc
         if batch.batch_size != req.batch_size:
             raise ConflictError(
                 f"iteration {req.iteration} was sampled with batch_size {batch.batch_size}; ask again with "
@@ -218,30 +236,64 @@ class Dataserver:
         )
         return b'{"samples":[' + b",".join(samples) + b"]," + tail[1:].encode()
 
-    async def _new_iteration(self, iteration: int, batch_size: int) -> IterationRow:
+    def _new_iteration(self, iteration: int, batch_size: int) -> tuple[_Batch, asyncio.Future[None]]:
+        """Decide and draw a new iteration, and start storing it.
+
+        Memory moves first and the write follows on the store thread, so that the next new iteration can be
+        decided while this one is being committed (writes stay in order: one thread, FIFO). Callers wait for
+        the returned future before answering; if a write fails the server stops serving (503) rather than
+        answer from a memory that is ahead of its state file.
+        """
         transitions: list[TransitionRecord] = []
         if self.last_iteration is None or iteration > self.last_iteration:
             transitions = self.schedule.decide(iteration, self._gate_view)
-        trial = StageSchedule(self.schedule.stages, [*self.schedule.transitions, *transitions])
-        stage = trial.stage_of(iteration)
-        picks = self.mixer.draw(iteration, batch_size, trial.stage_of)
-        samples = [self._sample_dict(source, key) for source, key in picks]
-        row = IterationRow(iteration, batch_size, stage, samples)
-        await self._db(self.store.record_iteration, row, transitions)
-        # Committed: now memory may follow.
         self.schedule.apply(transitions)
+        stage = self.schedule.stage_of(iteration)
+        picks = self.mixer.draw(iteration, batch_size, self.schedule.stage_of)
+        row = IterationRow(iteration, batch_size, stage, [self._sample_dict(source, key) for source, key in picks])
+        batch = _Batch.of(row, self.curriculum)
+        samples_json = "[" + ",".join(s.decode() for s in batch.samples) + "]"
+        committed = asyncio.ensure_future(
+            self._db(self.store.record_iteration, row, transitions, samples_json=samples_json)
+        )
+        self._pending[iteration] = (batch, committed)
+        committed.add_done_callback(lambda fut: self._on_committed(batch, fut))
+        for sample in row.samples:
+            self._remember_served(sample["sample_id"], iteration)
+
         self.last_iteration = iteration if self.last_iteration is None else max(self.last_iteration, iteration)
         stats = self._stats[stage]
         stats.iterations += 1
         stats.samples += batch_size
         stage_name = self.curriculum.stages[stage].name
-        for source, _ in picks:
-            self.metrics.samples.labels(stage_name, source).inc()
+        for source, count in Counter(source for source, _ in picks).items():
+            self.metrics.samples.labels(stage_name, source).inc(count)
         self.metrics.last_iteration.set(self.last_iteration)
         if transitions:
             self.metrics.transitions.inc(len(transitions))
             self._publish_stage_metrics()
-        return row
+        return batch, committed
+
+    def _on_committed(self, batch: _Batch, fut: asyncio.Future[None]) -> None:
+        del self._pending[batch.iteration]
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        if exc is None:
+            self._cache_put(batch)
+            return
+        self.failure = f"the state file {self.settings.state} stopped accepting writes ({exc}); restart the server"
+        log.critical("%s", self.failure)
+
+    def _remember_served(self, sample_id: str, iteration: int) -> None:
+        served = self._served
+        if served.get(sample_id, -1) < iteration:
+            served[sample_id] = iteration
+            served.move_to_end(sample_id)
+            if len(served) > _SERVED_MEMORY:
+                served.popitem(last=False)
+
+    def _check_healthy(self) -> None:
+        if self.failure is not None:
+            raise UnavailableError(self.failure)
 
     def _sample_dict(self, source: str, key: int) -> dict[str, Any]:
         src = self.curriculum.sources[source]
@@ -276,6 +328,7 @@ class Dataserver:
 
     async def grade(self, req: wire.GradeRequest) -> wire.GradeResponse:
         """Rewards for the request's completions, matched by ``(sample_id, completion_index)``."""
+        self._check_healthy()
         items = self._validate_items(req)
         await self._attribute(items, req.iteration)
 
@@ -369,7 +422,10 @@ class Dataserver:
         """Give each item the iteration (and so the stage) it belongs to, and its idempotency key."""
         served: dict[str, int] = {}
         if iteration is None:
-            served = await self._db(self.store.latest_served, [it.sample_id for it in items])
+            served = {it.sample_id: self._served[it.sample_id] for it in items if it.sample_id in self._served}
+            forgotten = [it.sample_id for it in items if it.sample_id not in served]
+            if forgotten:
+                served.update(await self._db(self.store.latest_served, forgotten))
         for it in items:
             # Ids that were never served (sampled by another server, say) count toward the latest iteration.
             it_iter = iteration if iteration is not None else served.get(it.sample_id, self.last_iteration or 0)

@@ -48,11 +48,6 @@ CREATE TABLE IF NOT EXISTS iterations (
     samples TEXT NOT NULL,
     created_at REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS served (
-    sample_id TEXT NOT NULL,
-    iteration INTEGER NOT NULL,
-    PRIMARY KEY (sample_id, iteration)
-) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS transitions (
     seq INTEGER PRIMARY KEY,
     iteration INTEGER NOT NULL,
@@ -175,17 +170,18 @@ class Store:
             return None
         return IterationRow(row[0], row[1], row[2], json.loads(row[3]))
 
-    def record_iteration(self, row: IterationRow, transitions: Sequence[TransitionRecord]) -> None:
-        """Store a new iteration's batch together with the transitions decided for it, atomically."""
+    def record_iteration(
+        self, row: IterationRow, transitions: Sequence[TransitionRecord], *, samples_json: str | None = None
+    ) -> None:
+        """Store a new iteration's batch together with the transitions decided for it, atomically.
+
+        ``samples_json`` is ``row.samples`` already encoded, when the caller has it.
+        """
         now = time.time()
         with self._tx():
             self._db.execute(
                 "INSERT INTO iterations (iteration, batch_size, stage, samples, created_at) VALUES (?, ?, ?, ?, ?)",
-                (row.iteration, row.batch_size, row.stage, json.dumps(row.samples), now),
-            )
-            self._db.executemany(
-                "INSERT OR IGNORE INTO served (sample_id, iteration) VALUES (?, ?)",
-                [(s["sample_id"], row.iteration) for s in row.samples],
+                (row.iteration, row.batch_size, row.stage, samples_json or json.dumps(row.samples), now),
             )
             self._db.executemany(
                 "INSERT INTO transitions (iteration, from_stage, to_stage, reason, rolling_reward, rolling_count,"
@@ -208,11 +204,18 @@ class Store:
         return [TransitionRecord(*r) for r in rows]
 
     def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]:
-        """The latest iteration that served each id (ids never served are absent)."""
+        """The latest iteration that served each id (ids never served are absent).
+
+        A scan of the stored batches, newest first: only for ids the server no longer remembers, since an
+        index over every served id would cost more on each /sample than this costs on a rare /grade.
+        """
         out: dict[str, int] = {}
         for sid in set(sample_ids):
-            row = self._db.execute("SELECT MAX(iteration) FROM served WHERE sample_id = ?", (sid,)).fetchone()
-            if row[0] is not None:
+            row = self._db.execute(
+                "SELECT iteration FROM iterations WHERE instr(samples, ?) > 0 ORDER BY iteration DESC LIMIT 1",
+                (json.dumps(sid),),
+            ).fetchone()
+            if row is not None:
                 out[sid] = int(row[0])
         return out
 

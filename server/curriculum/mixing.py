@@ -68,6 +68,8 @@ class Mixer:
         self._sizes = {name: src.size for name, src in curriculum.sources.items()}
         # batch_size -> {iteration: cursor per source at the start of that iteration}
         self._cursors: dict[int, dict[int, dict[str, int]]] = {}
+        # The current epoch's permutation of each source (building one costs more than a whole draw).
+        self._epochs: dict[str, tuple[int, Permutation]] = {}
 
     def quotas(self, stage: int, batch_size: int, iteration: int) -> list[tuple[str, int]]:
         weights = self._weights[stage]
@@ -94,7 +96,11 @@ class Mixer:
         if size is None:
             return position
         epoch, offset = divmod(position, size)
-        return Permutation(size, derive_key(self.curriculum.seed, source, "epoch", epoch))[offset]
+        cached = self._epochs.get(source)
+        if cached is None or cached[0] != epoch:
+            cached = (epoch, Permutation(size, derive_key(self.curriculum.seed, source, "epoch", epoch)))
+            self._epochs[source] = cached
+        return cached[1][offset]
 
     def _cursors_at(self, iteration: int, batch_size: int, stage_of: Callable[[int], int]) -> dict[str, int]:
         snaps = self._cursors.setdefault(batch_size, {0: {}})

@@ -6,8 +6,10 @@ the worker's pipe with a deadline. A worker that misses its deadline is killed a
 thread, a process can be stopped mid-computation, which is why a plain ``ProcessPoolExecutor`` (whose
 futures cannot be cancelled once running) is not used here.
 
-Workers are forked from a forkserver that has already imported the built-in graders, so a replacement is
-ready in milliseconds and the server's own threads are never duplicated by ``fork``.
+Workers are fresh interpreters (``python -m proctor.server.grading.pool FD``) talking over a socket pair,
+not ``multiprocessing`` children: those re-import the parent's ``__main__`` module in every worker, which
+breaks any program that builds the app without an ``if __name__ == "__main__"`` guard. A worker inherits
+the parent's ``sys.path``, so a custom grader importable in the server is importable in its workers.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import asyncio
 import contextlib
 import logging
 import math
-import multiprocessing
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from proctor.server.grading.base import GradeInput
@@ -39,6 +42,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("proctor.grading")
+
+_BOOT_TIMEOUT_S = 60.0
 
 # What one task returns: a score per grader key, or the error text of a grader that raised.
 ItemScores = dict[str, float | str]
@@ -56,10 +61,13 @@ class GraderCrashed(GraderPoolError):
     pass
 
 
-def _worker_main(conn: Connection) -> None:
-    """Runs in each worker process: grade tasks until the pipe closes."""
+def _worker_main(conn: Connection, preload: Sequence[str]) -> None:
+    """Runs in each worker process: grade tasks until the connection closes (or the server dies)."""
     # Ctrl-C goes to the whole process group; the server decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for module in preload:
+        __import__(module)
+    conn.send("ready")
     fns: dict[str, Any] = {}
     while True:
         try:
@@ -86,7 +94,7 @@ def _worker_main(conn: Connection) -> None:
 
 @dataclass(eq=False)
 class _Worker:
-    process: BaseProcess
+    process: subprocess.Popen[bytes]
     conn: Connection
 
 
@@ -97,8 +105,7 @@ class GraderPool:
         if workers < 1:
             raise ValueError(f"a grader pool needs at least 1 worker, got {workers}")
         self.size = workers
-        self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload([__name__, *preload])
+        self._preload = list(preload)
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._all: set[_Worker] = set()
         self._closed = False
@@ -115,11 +122,27 @@ class GraderPool:
         return len(self._all) - self._idle.qsize()
 
     def _spawn(self) -> _Worker:
-        parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=_worker_main, args=(child,), name="proctor-grader", daemon=True)
-        process.start()
+        parent, child = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(child.fileno()), *self._preload],
+            pass_fds=[child.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
         child.close()
-        worker = _Worker(process, parent)
+        conn = Connection(parent.detach())
+        # Wait for the interpreter to start and import the graders, so that a task never waits on a boot.
+        try:
+            ready = conn.poll(_BOOT_TIMEOUT_S) and conn.recv() == "ready"
+        except (EOFError, OSError):  # it died while starting
+            ready = False
+        if not ready:
+            process.kill()
+            process.wait()
+            conn.close()
+            raise GraderPoolError(f"a grader process did not start (exit code {process.returncode})")
+        worker = _Worker(process, conn)
         self._all.add(worker)
         return worker
 
@@ -147,9 +170,10 @@ class GraderPool:
             try:
                 result: ItemScores = worker.conn.recv()
             except (EOFError, OSError):
-                # The pipe closes a moment before the process is reaped; wait for the exit code to report it.
-                await asyncio.to_thread(worker.process.join, 2.0)
-                code = worker.process.exitcode
+                # The socket closes a moment before the process is reaped; wait for the exit code to report it.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(worker.process.wait, 2.0)
+                code = worker.process.returncode
                 raise GraderCrashed(f"the grader process died (exit code {code})") from None
             healthy = True
             return result
@@ -187,7 +211,8 @@ class GraderPool:
             worker.process.kill()
         with contextlib.suppress(Exception):
             worker.conn.close()
-        worker.process.join(timeout=1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.process.wait(timeout=1)
 
     async def close(self, timeout_s: float = 5.0) -> None:
         """Ask idle workers to exit, then kill whatever is still running after ``timeout_s``."""
@@ -201,11 +226,11 @@ class GraderPool:
         def _join_all() -> None:
             deadline = time.monotonic() + timeout_s
             for worker in list(self._all):
-                worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
-                if worker.process.is_alive():
-                    with contextlib.suppress(Exception):
-                        worker.process.kill()
-                    worker.process.join(timeout=1)
+                try:
+                    worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    worker.process.kill()
+                    worker.process.wait()
                 with contextlib.suppress(Exception):
                     worker.conn.close()
             self._all.clear()
@@ -214,7 +239,7 @@ class GraderPool:
 
     def pids(self) -> Mapping[int, bool]:
         """Worker pids and whether each is alive (for tests and diagnostics)."""
-        return {w.process.pid or -1: w.process.is_alive() for w in self._all}
+        return {w.process.pid: w.process.poll() is None for w in self._all}
 
 
 def _resolve(done: asyncio.Future[None]) -> None:
@@ -228,3 +253,8 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+if __name__ == "__main__":
+    # python -m proctor.server.grading.pool FD [MODULE ...]: a worker, spawned by GraderPool._spawn.
+    _worker_main(Connection(int(sys.argv[1])), sys.argv[2:])

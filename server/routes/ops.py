@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proctor.server.deps import DataserverDep
+from proctor.server.errors import UnavailableError
 from proctor.server.protocol import Health
 
 health_router = APIRouter(tags=["ops"])
@@ -14,7 +15,10 @@ metrics_router = APIRouter(tags=["ops"])
 
 @health_router.get("/healthz")
 async def read_health(server: DataserverDep) -> Health:
-    """Liveness: answers from memory, without touching the store or the graders."""
+    """Liveness: answers from memory, without touching the store or the graders; 503 once the state file
+    has refused a write (the server then refuses work until it is restarted)."""
+    if server.failure is not None:
+        raise UnavailableError(server.failure)
     return Health(status="ok", curriculum=server.curriculum.name, last_iteration=server.last_iteration)
 
 

@@ -51,6 +51,11 @@ def test_restart_after_kill_keeps_batches_grades_and_gate_state(
         assert after == before
         # The next iteration continues in the stage the gate chose before the crash.
         assert c.post("/sample", json={"iteration": 3, "batch_size": 4}).json()["stage"] == "main"
+        # A grade without `iteration` for a sample served before the crash counts for the stage that served it.
+        first = batches[2]["samples"][0]
+        c.post("/grade", json={"items": [{"sample_id": first["sample_id"], "completion": "x"}]})
+        stages = {s["name"]: s for s in c.get("/curriculum").json()["stages"]}
+        assert stages["main"]["graded"] == 1
 
 
 def test_kill_at_a_random_moment_loses_no_acknowledged_grade(

@@ -126,7 +126,7 @@ async def test_close_stops_every_worker(graders: dict[str, LocalGrader]) -> None
     await p.start()
     processes = [w.process for w in p._all]
     await p.close()
-    assert not any(proc.is_alive() for proc in processes)
+    assert all(proc.poll() is not None for proc in processes)
     with pytest.raises(Exception, match="shut down"):
         await p.run([graders["right"]], SAMPLE, 5)
 

@@ -73,3 +73,27 @@ async def test_api_key_is_required_everywhere_but_healthz(
 async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     spec = (await client.get("/openapi.json")).json()
     assert {"/sample", "/grade", "/meta", "/curriculum", "/healthz", "/metrics"} <= set(spec["paths"])
+
+
+async def test_a_failed_state_write_stops_the_server_cleanly(
+    open_client: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    from proctor.server.store import Store
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    async with open_client() as c:
+        assert (await c.post("/sample", json={"iteration": 0, "batch_size": 2})).status_code == 200
+        monkeypatch.setattr(Store, "record_iteration", refuse)
+        failed = await c.post("/sample", json={"iteration": 1, "batch_size": 2})
+        assert failed.status_code == 503
+        assert "stopped accepting writes (database or disk is full); restart the server" in failed.json()["detail"]
+        # Everything that needs the state now refuses, and /healthz says so.
+        assert (await c.post("/sample", json={"iteration": 0, "batch_size": 2})).status_code == 503
+        assert (await c.post("/grade", json={"items": []})).status_code == 503
+        health = await c.get("/healthz")
+        assert health.status_code == 503
+        assert "restart the server" in health.json()["detail"]
