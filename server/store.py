@@ -8,8 +8,10 @@ commit.
 A state file belongs to one curriculum (its content hash and seed): opening it with another is refused,
 since its iterations and grades would no longer mean what they meant.
 
-All methods are synchronous; :class:`proctor.server.service.Dataserver` calls them from one dedicated
-thread, which is also the only thread that touches the connection.
+All methods are synchronous. With ``synchronous=NORMAL`` a commit is a few tens of microseconds of C with no
+fsync, so :class:`proctor.server.service.Dataserver` runs writes right on the event loop (no thread hop, no
+contention for the GIL); with ``full`` every commit waits for an fsync, so writes go to a dedicated thread.
+Either way one thread at a time uses the connection. Checkpoints use a connection of their own.
 """
 
 from __future__ import annotations
@@ -123,10 +125,36 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA busy_timeout=5000")
+        # No automatic checkpoints: SQLite would run them inside whichever commit crosses 1000 WAL pages,
+        # stalling that commit (and every request queued behind it) for milliseconds. The service runs
+        # `checkpoint()` on another connection and thread instead, beside the writes.
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
+        self._checkpointer: sqlite3.Connection | None = None
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+        if self.path != ":memory:":
+            # Fold the WAL into the database file, so that a stopped server leaves one file behind.
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self._db.close()
+
+    def checkpoint(self, *, restart_after_frames: int) -> None:
+        """Copy committed WAL frames into the database file, on a connection of its own (so from any thread).
+
+        PASSIVE first, which never blocks the writer. Under steady writes a passive checkpoint never catches
+        up with the writer, and SQLite only rewinds the WAL once one has; so when the WAL is longer than
+        ``restart_after_frames``, a RESTART follows, which holds writers off for the little that is left.
+        """
+        if self.path == ":memory:":
+            return
+        if self._checkpointer is None:
+            self._checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._checkpointer.execute("PRAGMA busy_timeout=5000")
+        _busy, frames, _done = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if frames > restart_after_frames:
+            self._checkpointer.execute("PRAGMA wal_checkpoint(RESTART)")
 
     # --- binding ------------------------------------------------------------------------------------------
 

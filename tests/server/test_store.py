@@ -90,3 +90,31 @@ def test_memory_state_is_accepted(tmp_path: Path) -> None:
     store.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
     assert store.last_iteration() is None
     store.close()
+
+
+def wal_frames(path: Path) -> int:
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1])
+    finally:
+        db.close()
+
+
+def test_commits_never_checkpoint_the_service_does_and_close_folds_the_wal(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    wal = Path(str(path) + "-wal")
+    store = open_store(path)
+    for i in range(1500):
+        store.record_iteration(IterationRow(i, 1, 0, [{"sample_id": f"a:0123456789:{i}", "pad": "x" * 2000}]), [])
+    # SQLite's default would have checkpointed inside the commit that crossed 1000 frames (a latency spike).
+    assert wal.stat().st_size > 1000 * 4096
+    store.checkpoint(restart_after_frames=0)
+    store.record_iteration(IterationRow(1500, 1, 0, [{"sample_id": "a:0123456789:1500"}]), [])
+    assert wal_frames(path) < 10  # everything was copied, and the next write started the WAL over
+    store.close()
+    assert not wal.exists() or wal.stat().st_size == 0
+    again = open_store(path)
+    assert again.last_iteration() == 1500
+    again.close()

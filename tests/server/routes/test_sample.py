@@ -145,3 +145,14 @@ async def test_configured_maximum_applies(open_client: Callable[..., Any]) -> No
         response = await c.post("/sample", json={"iteration": 0, "batch_size": 9})
     assert response.status_code == 422
     assert response.json()["detail"] == ("batch_size: 9 is above this server's maximum of 8 (PROCTOR_MAX_BATCH_SIZE)")
+
+
+async def test_full_sync_writes_through_the_store_thread(open_client: Callable[..., Any], tmp_path: Any) -> None:
+    async with open_client(state=str(tmp_path / "s.db"), state_sync="full") as c:
+        first = await sample(c, iteration=0, batch_size=4)
+        assert (await sample(c, iteration=0, batch_size=4)) == first
+        items = [{"sample_id": s["sample_id"], "completion": "1"} for s in first["samples"]]
+        assert (await c.post("/grade", json={"iteration": 0, "items": items})).status_code == 200
+    async with open_client(state=str(tmp_path / "s.db")) as c:
+        assert (await sample(c, iteration=0, batch_size=4)) == first
+        assert (await c.get("/curriculum")).json()["stages"][0]["graded"] == 4
