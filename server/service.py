@@ -1,9 +1,13 @@
 """The dataserver's two data paths, sample and grade, over the curriculum, the store and the grader pool.
 
 Routes are thin: they validate the wire model and call :class:`Dataserver`. Everything here runs on the
-event loop except the store (one dedicated thread, which owns the SQLite connection) and the graders
-(worker processes). In-memory state (the stage schedule, the gate windows) is only changed after the store
-has committed the change it follows from, so a crash can never leave memory ahead of disk.
+event loop except the graders (worker processes), WAL checkpoints (a thread), and store calls that may be
+slow (a dedicated thread; see :meth:`Dataserver._quick` for which calls run where).
+
+Nothing reaches a client before the store has committed it. A new iteration is decided in memory first
+and committed right after, and every request for it waits for that commit; should the commit fail, the
+server refuses all further work (503) instead of serving from a memory that is ahead of its state file.
+Grading statistics follow the commit of the grades they count.
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ class Dataserver:
         self.failure: str | None = None
         # sample_id -> latest iteration that served it, for grades posted without `iteration`.
         self._served: OrderedDict[str, int] = OrderedDict()
-        self._checkpoints: asyncio.Task[None] = asyncio.get_running_loop().create_future()  # type: ignore[assignment]
+        self._checkpoints: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, curriculum: Curriculum, settings: Settings, metrics: Metrics) -> Dataserver:
@@ -166,9 +170,10 @@ class Dataserver:
                 log.exception("WAL checkpoint failed")
 
     async def close(self) -> None:
-        self._checkpoints.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._checkpoints
+        if self._checkpoints is not None:
+            self._checkpoints.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpoints
         await self.pool.close()
         await self.http.aclose()
         await self._db(self.store.close)
@@ -379,8 +384,8 @@ class Dataserver:
         if fresh:
             await self._run_graders(fresh)
         rows = {it.key: self._to_row(it) for it in fresh}
-        outcome = await self._quick(self.store.insert_grades, list(rows.values()))
-        raced = [row.key for row, status in zip(rows.values(), outcome, strict=True) if status == "exists"]
+        outcome = await self._quick(self.store.insert_grades, list(rows.values())) if rows else []
+        raced = {row.key for row, status in zip(rows.values(), outcome, strict=True) if status == "exists"}
         if raced:
             # Another request stored the same grade meanwhile; answer with that one, count it once.
             stored.update(await self._quick(self.store.find_grades, raced))
