@@ -21,7 +21,6 @@ from math import ceil, isclose
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-# Relative so mypy, which cannot see through the editable install's import hook, resolves it too.
 from proctor.server.grading.base import GradeInput, GraderFn
 
 if TYPE_CHECKING:
