@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: serve test lint typecheck format bench clean
+.PHONY: serve test demo lint typecheck format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ serve: $(VENV)/.server-installed
 
 test: $(VENV)/.dev-installed lint typecheck
 	$(BIN)/python -m pytest
+
+# A dataserver on curricula/arithmetic.yaml and GRPO on a tiny offline model across its first stage boundary.
+demo: $(VENV)/.dev-installed
+	$(BIN)/proctor demo --steps 64
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check server client curricula tests bench

@@ -117,6 +117,18 @@ def _preview(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from proctor.client.train import main as train_main
+
+    return train_main(args.train_args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from proctor.client.train import demo
+
+    return demo(steps=args.steps)
+
+
 def _step_keyed_stage(curriculum: Curriculum, iteration: int) -> int:
     for st in curriculum.stages:
         if iteration < st.until_step:
@@ -158,6 +170,14 @@ def _parser() -> argparse.ArgumentParser:
     preview.add_argument("--steps", default=":", help="START:STOP (default: the whole curriculum)")
     preview.add_argument("--batch-size", type=int, default=8, help="batch size used to draw the sample prompts")
     preview.set_defaults(run=_preview)
+
+    # The trainer side needs the `train` extra (torch, TRL); it is imported only when asked for.
+    train = sub.add_parser("train", help="GRPO with TRL against a running dataserver", add_help=False)
+    train.add_argument("train_args", nargs=argparse.REMAINDER)
+    train.set_defaults(run=_train)
+    demo = sub.add_parser("demo", help="serve the arithmetic ladder and train a tiny model across a stage boundary")
+    demo.add_argument("--steps", type=int, default=64)
+    demo.set_defaults(run=_demo)
     return parser
 
 

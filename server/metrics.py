@@ -70,7 +70,7 @@ class Metrics:
         )
         self.grader_seconds = Histogram(
             "proctor_grading_duration_seconds",
-            "Time to grade one completion in the pool.",
+            "Time to grade the completions of one /grade request in the grader processes.",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )

@@ -33,7 +33,7 @@ from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.mixing import Mixer
 from proctor.server.errors import ConflictError, InvalidRequestError, UnavailableError
 from proctor.server.grading.base import GradeInput
-from proctor.server.grading.pool import GraderCrashed, GraderPool, GraderTimeout
+from proctor.server.grading.pool import GraderPool, GraderPoolError, GraderTimeout
 from proctor.server.grading.registry import SourceGraders
 from proctor.server.grading.remote import grade_remote
 from proctor.server.metrics import Metrics
@@ -133,6 +133,7 @@ class Dataserver:
         # Iterations decided but not yet committed, with the write that commits them.
         self._pending: dict[int, tuple[_Batch, asyncio.Future[None]]] = {}
         self.failure: str | None = None
+        self._graded: set[int] = set()  # iterations with stored grades
         # sample_id -> latest iteration that served it, for grades posted without `iteration`.
         self._served: OrderedDict[str, int] = OrderedDict()
         self._checkpoints: asyncio.Task[None] | None = None
@@ -204,6 +205,7 @@ class Dataserver:
         self.schedule = StageSchedule(self.curriculum.stages, await self._db(self.store.transitions))
         self.last_iteration = await self._db(self.store.last_iteration)
         totals = await self._db(self.store.stage_totals)
+        self._graded = await self._db(self.store.graded_iterations)
         for index, stats in enumerate(self._stats):
             t = totals.get(index)
             if t is not None:
@@ -372,7 +374,12 @@ class Dataserver:
         items = self._validate_items(req)
         await self._attribute(items, req.iteration)
 
-        stored = await self._quick(self.store.find_grades, [it.key for it in items if it.record is not None])
+        keys = [it.key for it in items if it.record is not None]
+        # Only an iteration that was graded before can have stored grades: usually there is nothing to look up.
+        if any(key[0] in self._graded for key in keys):
+            stored = await self._quick(self.store.find_grades, keys)
+        else:
+            stored = {}
         fresh: list[_Item] = []
         for it in items:
             if it.record is None:
@@ -385,13 +392,18 @@ class Dataserver:
             await self._run_graders(fresh)
         rows = {it.key: self._to_row(it) for it in fresh}
         outcome = await self._quick(self.store.insert_grades, list(rows.values())) if rows else []
+        self._graded.update(key[0] for key in rows)
         raced = {row.key for row, status in zip(rows.values(), outcome, strict=True) if status == "exists"}
         if raced:
             # Another request stored the same grade meanwhile; answer with that one, count it once.
             stored.update(await self._quick(self.store.find_grades, raced))
-        for row, status in zip(rows.values(), outcome, strict=True):
-            if status != "exists":
-                self._count(row, replaced_error=status == "replaced_error")
+        self._count(
+            [
+                (row, status == "replaced_error")
+                for row, status in zip(rows.values(), outcome, strict=True)
+                if status != "exists"
+            ]
+        )
         results = []
         for it in items:
             if it.record is None:
@@ -474,7 +486,7 @@ class Dataserver:
             it.key = (it_iter, it.sample_id, it.completion_index, sha)
 
     async def _run_graders(self, items: Sequence[_Item]) -> None:
-        tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(self._grade_local(it)) for it in items]
+        tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(self._grade_local(items))]
         by_source: dict[str, list[_Item]] = {}
         for it in items:
             by_source.setdefault(it.source, []).append(it)
@@ -493,27 +505,27 @@ class Dataserver:
             completion_tokens=it.completion_tokens,
         )
 
-    async def _grade_local(self, it: _Item) -> None:
-        graders = self.curriculum.graders[it.source].local
-        if not graders:
+    async def _grade_local(self, items: Sequence[_Item]) -> None:
+        local = [it for it in items if self.curriculum.graders[it.source].local]
+        if not local:
             return
+        tasks = [(self.curriculum.graders[it.source].local, self._grade_input(it)) for it in local]
         started = time.perf_counter()
-        try:
-            scores = await self.pool.run(graders, self._grade_input(it), self.settings.grader_timeout_s)
-        except (GraderTimeout, GraderCrashed) as exc:
-            kind = "timeout" if isinstance(exc, GraderTimeout) else "crash"
-            names = "+".join(g.key for g in graders)
-            it.errors.append(f"{names}: {exc}")
-            self.metrics.grader_errors.labels(names, kind).inc()
-            return
-        finally:
-            self.metrics.grader_seconds.observe(time.perf_counter() - started)
-        for key, value in scores.items():
-            if isinstance(value, str):
-                it.errors.append(f"{key}: {value}")
-                self.metrics.grader_errors.labels(key, "error").inc()
-            else:
-                it.scores[key] = value
+        outcomes = await self.pool.run_many(tasks, self.settings.grader_timeout_s)
+        self.metrics.grader_seconds.observe(time.perf_counter() - started)
+        for it, (graders, _), outcome in zip(local, tasks, outcomes, strict=True):
+            if isinstance(outcome, GraderPoolError):
+                kind = "timeout" if isinstance(outcome, GraderTimeout) else "crash"
+                names = "+".join(g.key for g in graders)
+                it.errors.append(f"{names}: {outcome}")
+                self.metrics.grader_errors.labels(names, kind).inc()
+                continue
+            for key, value in outcome.items():
+                if isinstance(value, str):
+                    it.errors.append(f"{key}: {value}")
+                    self.metrics.grader_errors.labels(key, "error").inc()
+                else:
+                    it.scores[key] = value
 
     async def _grade_remote_group(self, source: str, key: str, group: Sequence[_Item]) -> None:
         grader = next(g for g in self.curriculum.graders[source].remote if g.key == key)
@@ -531,22 +543,27 @@ class Dataserver:
             return GradeRow(it.key, it.stage, it.source, graders.on_error, dict(it.scores), "; ".join(it.errors))
         return GradeRow(it.key, it.stage, it.source, graders.compose(it.scores), dict(it.scores), None)
 
-    def _count(self, row: GradeRow, *, replaced_error: bool) -> None:
-        stats = self._stats[row.stage]
-        stage_name = self.curriculum.stages[row.stage].name
-        if replaced_error:
-            stats.errors -= 1
-        if row.error is not None:
-            stats.errors += 1
-            return
-        stats.graded += 1
-        stats.reward_sum += row.reward
-        stats.window.append(row.reward)
-        self.metrics.grades.labels(stage_name, row.source).inc()
-        self.metrics.reward.labels(stage_name).observe(row.reward)
-        rolling = stats.rolling
-        if rolling is not None:
-            self.metrics.rolling_reward.labels(stage_name).set(rolling)
+    def _count(self, counted: Sequence[tuple[GradeRow, bool]]) -> None:
+        """Fold newly stored grades (with whether each replaced a stored error) into the statistics."""
+        per_source: Counter[tuple[int, str]] = Counter()
+        for row, replaced_error in counted:
+            stats = self._stats[row.stage]
+            if replaced_error:
+                stats.errors -= 1
+            if row.error is not None:
+                stats.errors += 1
+                continue
+            stats.graded += 1
+            stats.reward_sum += row.reward
+            stats.window.append(row.reward)
+            per_source[row.stage, row.source] += 1
+            self.metrics.reward.labels(self.curriculum.stages[row.stage].name).observe(row.reward)
+        for (stage, source), n in per_source.items():
+            self.metrics.grades.labels(self.curriculum.stages[stage].name, source).inc(n)
+        for stage in {stage for stage, _ in per_source}:
+            rolling = self._stats[stage].rolling
+            if rolling is not None:
+                self.metrics.rolling_reward.labels(self.curriculum.stages[stage].name).set(rolling)
 
     def _result(self, it: _Item, row: GradeRow, *, cached: bool) -> wire.GradeResult:
         return wire.GradeResult(

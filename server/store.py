@@ -269,28 +269,22 @@ class Store:
         outcome: list[GradeOutcome] = []
         with self._tx():
             for r in rows:
-                prior = self._db.execute(
-                    "SELECT error FROM grades WHERE iteration = ? AND sample_id = ? AND completion_index = ?"
-                    " AND completion_sha = ?",
-                    r.key,
-                ).fetchone()
                 values = (r.stage, r.source, r.reward, json.dumps(r.components), r.error, now)
-                if prior is None:
-                    self._db.execute(
-                        "INSERT INTO grades (iteration, sample_id, completion_index, completion_sha, stage, source,"
-                        " reward, components, error, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (*r.key, *values),
-                    )
+                cur = self._db.execute(
+                    "INSERT OR IGNORE INTO grades (iteration, sample_id, completion_index, completion_sha, stage,"
+                    " source, reward, components, error, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*r.key, *values),
+                )
+                if cur.rowcount == 1:
                     outcome.append("inserted")
-                elif prior[0] is not None:
-                    self._db.execute(
-                        "UPDATE grades SET stage = ?, source = ?, reward = ?, components = ?, error = ?, created_at = ?"
-                        " WHERE iteration = ? AND sample_id = ? AND completion_index = ? AND completion_sha = ?",
-                        (*values, *r.key),
-                    )
-                    outcome.append("replaced_error")
-                else:
-                    outcome.append("exists")
+                    continue
+                cur = self._db.execute(
+                    "UPDATE grades SET stage = ?, source = ?, reward = ?, components = ?, error = ?, created_at = ?"
+                    " WHERE iteration = ? AND sample_id = ? AND completion_index = ? AND completion_sha = ?"
+                    " AND error IS NOT NULL",
+                    (*values, *r.key),
+                )
+                outcome.append("replaced_error" if cur.rowcount == 1 else "exists")
         return outcome
 
     # --- statistics for a restart -----------------------------------------------------------------------
@@ -307,6 +301,10 @@ class Store:
         ):
             out.setdefault(stage, {}).update(graded=graded or 0, errors=errors or 0, reward_sum=reward_sum or 0.0)
         return {stage: StageTotals(**fields) for stage, fields in out.items()}
+
+    def graded_iterations(self) -> set[int]:
+        """Iterations with at least one stored grade."""
+        return {int(r[0]) for r in self._db.execute("SELECT DISTINCT iteration FROM grades")}
 
     def recent_rewards(self, stage: int, limit: int) -> list[float]:
         """The latest ``limit`` error-free rewards of a stage, oldest first."""

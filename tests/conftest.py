@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 import yaml
 from fastapi import FastAPI
 
@@ -108,6 +111,14 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 and tokenizer built offline, once per test session."""
+    from proctor.client.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
@@ -162,6 +173,35 @@ def open_client(make_settings: Callable[..., Settings]) -> Callable[..., Any]:
 async def client(make_settings: Callable[..., Settings]) -> AsyncIterator[httpx.AsyncClient]:
     async with serve_asgi(create_app(make_settings())) as c:
         yield c
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI) -> Iterator[str]:
+    """The app on a real uvicorn server, in a thread of this process, on a free loopback port."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the in-thread server did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture
+def live_server(make_settings: Callable[..., Settings]) -> Callable[..., AbstractContextManager[str]]:
+    """``with live_server(**settings_overrides) as url:`` a real server in a thread, for sync clients."""
+
+    def start(**overrides: Any) -> AbstractContextManager[str]:
+        return serve_in_thread(create_app(make_settings(**overrides)))
+
+    return start
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ __all__ = [
 log = logging.getLogger("proctor.grading")
 
 _BOOT_TIMEOUT_S = 60.0
+_MIN_CHUNK, _MAX_CHUNK = 8, 64  # tasks per message to a worker
 
 # What one task returns: a score per grader key, or the error text of a grader that raised.
 ItemScores = dict[str, float | str]
@@ -62,7 +63,11 @@ class GraderCrashed(GraderPoolError):
 
 
 def _worker_main(conn: Connection, preload: Sequence[str]) -> None:
-    """Runs in each worker process: grade tasks until the connection closes (or the server dies)."""
+    """Runs in each worker process: grade chunks of tasks until the connection closes (or the server dies).
+
+    A chunk is a list of ``(graders, sample)`` tasks; the result of each task is sent as soon as it is ready,
+    so that the server can hold every task to its own time limit.
+    """
     # Ctrl-C goes to the whole process group; the server decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for module in preload:
@@ -71,25 +76,25 @@ def _worker_main(conn: Connection, preload: Sequence[str]) -> None:
     fns: dict[str, Any] = {}
     while True:
         try:
-            task = conn.recv()
+            chunk = conn.recv()
         except (EOFError, OSError):
             return
-        if task is None:
+        if chunk is None:
             return
-        graders, sample = task
-        out: ItemScores = {}
-        for key, ref, params in graders:
-            try:
-                fn = fns.get(ref)
-                if fn is None:
-                    fn = fns[ref] = load_callable(ref)
-                score = float(fn(sample, **params))
-                if not math.isfinite(score):
-                    raise ValueError(f"returned {score}, not a finite number")
-                out[key] = score
-            except Exception as exc:
-                out[key] = f"{type(exc).__name__}: {exc}"
-        conn.send(out)
+        for graders, sample in chunk:
+            out: ItemScores = {}
+            for key, ref, params in graders:
+                try:
+                    fn = fns.get(ref)
+                    if fn is None:
+                        fn = fns[ref] = load_callable(ref)
+                    score = float(fn(sample, **params))
+                    if not math.isfinite(score):
+                        raise ValueError(f"returned {score}, not a finite number")
+                    out[key] = score
+                except Exception as exc:
+                    out[key] = f"{type(exc).__name__}: {exc}"
+            conn.send(out)
 
 
 @dataclass(eq=False)
@@ -153,36 +158,81 @@ class GraderPool:
         :class:`GraderCrashed` when the worker process dies; a grader that raises is reported in the
         returned mapping as its error text.
         """
+        [result] = await self.run_many([(graders, sample)], timeout_s)
+        if isinstance(result, GraderPoolError):
+            raise result
+        return result
+
+    async def run_many(
+        self, tasks: Sequence[tuple[Sequence[LocalGrader], GradeInput]], timeout_s: float
+    ) -> list[ItemScores | GraderPoolError]:
+        """Grade many completions, each within ``timeout_s``; a result per task, in order.
+
+        The tasks are spread over the workers in chunks (one message per chunk, not per task: the round
+        trip to a process costs more than most graders). A worker answers task by task, and each answer
+        has ``timeout_s`` from the previous one; a task that misses it gets a :class:`GraderTimeout`, its
+        worker is replaced, and the tasks of the chunk it never started go back to the queue.
+        """
         if self._closed:
             raise GraderPoolError("the grader pool is shut down")
-        worker = await self._idle.get()
+        results: list[ItemScores | GraderPoolError | None] = [None] * len(tasks)
+        queue = list(range(len(tasks)))
+        queue.reverse()  # popped from the end: first task first
+
+        async def drain() -> None:
+            while queue:
+                worker = await self._idle.get()
+                if not queue:
+                    self._idle.put_nowait(worker)
+                    return
+                # Share what is left among the workers, so that one request uses all of them, but not in
+                # slivers: waking a process costs about as much as grading a few cheap completions.
+                size = min(_MAX_CHUNK, max(_MIN_CHUNK, -(-len(queue) // self.size)))
+                chunk = [queue.pop() for _ in range(min(size, len(queue)))]
+                done = await self._run_chunk(worker, [tasks[i] for i in chunk], timeout_s)
+                for i, result in zip(chunk, done, strict=False):
+                    results[i] = result
+                queue.extend(reversed(chunk[len(done) :]))  # not started: back to the front of the queue
+
+        await asyncio.gather(*(drain() for _ in range(min(self.size, len(tasks)))))
+        return [r if r is not None else GraderPoolError("not graded") for r in results]
+
+    async def _run_chunk(
+        self, worker: _Worker, chunk: list[tuple[Sequence[LocalGrader], GradeInput]], timeout_s: float
+    ) -> list[ItemScores | GraderPoolError]:
+        """Results of the chunk's tasks in order, up to and including the first that failed the worker."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
         fd = worker.conn.fileno()
+        out: list[ItemScores | GraderPoolError] = []
         healthy = False
         try:
-            worker.conn.send(([(g.key, g.ref, dict(g.params)) for g in graders], sample))
-            loop.add_reader(fd, _resolve, done)
-            try:
-                await asyncio.wait_for(done, timeout_s)
-            except TimeoutError:
-                raise GraderTimeout(f"graders did not finish within {timeout_s:g}s") from None
-            try:
-                result: ItemScores = worker.conn.recv()
-            except (EOFError, OSError):
-                # The socket closes a moment before the process is reaped; wait for the exit code to report it.
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    await asyncio.to_thread(worker.process.wait, 2.0)
-                code = worker.process.returncode
-                raise GraderCrashed(f"the grader process died (exit code {code})") from None
+            worker.conn.send([([(g.key, g.ref, dict(g.params)) for g in graders], sample) for graders, sample in chunk])
+            for _ in chunk:
+                if not worker.conn.poll():
+                    ready: asyncio.Future[None] = loop.create_future()
+                    loop.add_reader(fd, _resolve, ready)
+                    try:
+                        await asyncio.wait_for(ready, timeout_s)
+                    except TimeoutError:
+                        out.append(GraderTimeout(f"graders did not finish within {timeout_s:g}s"))
+                        return out
+                    finally:
+                        loop.remove_reader(fd)
+                try:
+                    out.append(worker.conn.recv())
+                except (EOFError, OSError):
+                    # The socket closes a moment before the process is reaped; wait for the exit code.
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        await asyncio.to_thread(worker.process.wait, 2.0)
+                    out.append(GraderCrashed(f"the grader process died (exit code {worker.process.returncode})"))
+                    return out
             healthy = True
-            return result
+            return out
         finally:
-            loop.remove_reader(fd)
             if healthy:
                 self._idle.put_nowait(worker)
             else:
-                # Timed out, crashed or cancelled mid-task: the worker's state is unknown, so replace it.
+                # Timed out, crashed or cancelled mid-chunk: the worker's state is unknown, so replace it.
                 self._all.discard(worker)
                 self.replaced += 1
                 self._replacing.add(loop.create_task(self._replace(worker)))

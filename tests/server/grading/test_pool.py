@@ -102,13 +102,29 @@ async def test_a_dying_worker_is_a_crash(pool: GraderPool, graders: dict[str, Lo
 
 
 async def test_work_spreads_over_the_workers(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
-    # Four 50 ms tasks on two workers take two rounds, not four; and the timeout counts execution only,
-    # so queued tasks do not time out while they wait for a worker.
+    # Sixteen 50 ms tasks on two workers: two chunks side by side (~0.4 s), not one after the other (~0.8 s).
+    # The time limit is per task, so tasks queued in a chunk do not time out while they wait.
     loop = asyncio.get_running_loop()
     started = loop.time()
-    results = await asyncio.gather(*(pool.run([graders["quick"]], SAMPLE, 0.5) for _ in range(4)))
-    assert results == [{"sleepy": 1.0}] * 4
-    assert loop.time() - started < 4 * 0.05 + 0.5
+    results = await pool.run_many([([graders["quick"]], SAMPLE)] * 16, 0.5)
+    assert results == [{"sleepy": 1.0}] * 16
+    assert loop.time() - started < 0.7
+
+
+async def test_a_timeout_inside_a_chunk_fails_only_that_task(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
+    tasks = [([graders["right"]], SAMPLE)] * 3 + [([graders["sleepy"]], SAMPLE)] + [([graders["right"]], SAMPLE)] * 4
+    results = await pool.run_many(tasks, 0.5)
+    assert isinstance(results[3], GraderTimeout)
+    # The tasks after it in its chunk were sent back to the queue and graded by a worker.
+    assert [r for i, r in enumerate(results) if i != 3] == [{"right": 1.0}] * 7
+    assert pool.replaced == 1
+
+
+async def test_a_crash_inside_a_chunk_fails_only_that_task(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
+    tasks = [([graders["right"]], SAMPLE), ([graders["die"]], SAMPLE), ([graders["right"]], SAMPLE)]
+    results = await pool.run_many(tasks, 5)
+    assert results[0] == results[2] == {"right": 1.0}
+    assert isinstance(results[1], GraderCrashed)
 
 
 async def test_a_cancelled_task_does_not_poison_the_pool(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:

@@ -1,0 +1,225 @@
+"""What the dataserver adds to a GRPO step: the tiny model trained with ``RemoteRLDataset`` + ``remote_reward``
+against a real server process, and the same run with an in-memory ``datasets.Dataset`` and a local reward
+that does the same grading (the same prompts, the same answers, the same ``numeric`` grader), side by side.
+
+Runs alternate (local, remote, local, remote) so that drifts of the machine hit both alike; per-step times
+exclude each run's first steps (compilation of the generation path, caches). Besides the step time, the time
+inside the reward function and inside the dataset's fetches is measured directly: those are where the two
+variants differ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import datasets
+import httpx
+import torch
+from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
+
+from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
+from proctor.client.tiny import build_tiny_model
+from proctor.curricula import builtin_path
+from proctor.server.curriculum.loader import load_curriculum
+from proctor.server.grading.base import GradeInput
+from proctor.server.grading.builtin import numeric
+from proctor.server.launcher import ServerProcess
+from proctor.server.sources.base import SampleId
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 40
+WARMUP = 5
+ROUNDS = 3
+BATCH, GENERATIONS = 8, 4  # 2 prompts × 4 completions per step
+
+
+@dataclass
+class Run:
+    variant: str
+    step_ms: list[float]
+    reward_ms: list[float]
+    fetch_ms: list[float]
+
+
+class _StepTimes(TrainerCallback):
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._t0 = 0.0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.times.append((time.perf_counter() - self._t0) * 1e3)
+
+
+def _timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            into.append((time.perf_counter() - started) * 1e3)
+
+    wrapper.__name__ = getattr(fn, "__name__", "reward")
+    return wrapper
+
+
+def _config(out: Path) -> GRPOConfig:
+    return GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=BATCH,
+        num_generations=GENERATIONS,
+        max_completion_length=16,
+        max_steps=STEPS,
+        learning_rate=1e-4,
+        shuffle_dataset=False,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        dataloader_pin_memory=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+
+
+def _train(model: Path, config: GRPOConfig, dataset: datasets.Dataset, reward: Callable[..., Any]) -> list[float]:
+    timer = _StepTimes()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    trainer = GRPOTrainer(
+        model=str(model),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    return timer.times[WARMUP:]
+
+
+def _local_dataset(client: ProctorClient, prompts_per_step: int) -> tuple[datasets.Dataset, dict[str, str]]:
+    """The prompts the server serves for the run's steps, as an in-memory dataset, with their answers."""
+    curriculum = load_curriculum(builtin_path("arithmetic"))
+    rows: dict[str, list[Any]] = {"prompt": [], "sample_id": []}
+    answers: dict[str, str] = {}
+    for step in range(STEPS + 2):
+        for s in client.sample(step, prompts_per_step).samples:
+            rows["prompt"].append(
+                [{"role": "system", "content": s.system_prompt or ""}, {"role": "user", "content": s.prompt}]
+            )
+            rows["sample_id"].append(s.sample_id)
+            sid = SampleId.parse(s.sample_id)
+            answers[s.sample_id] = curriculum.sources[sid.source].record(sid.key).answer or ""
+    return datasets.Dataset.from_dict(rows), answers
+
+
+def run() -> tuple[list[Run], dict[str, object]]:
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # leave a core to the server and its graders
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="proctor-bench-") as tmp:
+        model = build_tiny_model(Path(tmp) / "tiny")
+        server = ServerProcess(
+            [str(builtin_path("arithmetic")), "--state", str(Path(tmp) / "state.db"), "--log-level", "warning"],
+            log=Path(tmp) / "server.log",
+        )
+        with server, ProctorClient(server.url) as client:
+            config = _config(Path(tmp) / "run")
+            local_ds, answers = _local_dataset(client, BATCH // GENERATIONS)
+
+            def local_reward(completions: list[Any], sample_id: list[str], **_: Any) -> list[float]:
+                # The same grading as the server's `numeric` grader, in this process.
+                return [
+                    numeric(GradeInput(prompt="", completion=c[-1]["content"], answer=answers[sid]))
+                    for c, sid in zip(completions, sample_id, strict=True)
+                ]
+
+            for _ in range(ROUNDS):
+                reward_ms: list[float] = []
+                steps = _train(model, config, local_ds, _timed(local_reward, reward_ms))
+                runs.append(Run("in-memory Dataset + local reward", steps, reward_ms[WARMUP:], [0.0]))
+
+                reward_ms = []
+                fetch_ms: list[float] = []
+                remote = RemoteRLDataset(client, config, processing_class=AutoTokenizer.from_pretrained(model))
+                # The transform is the only place a step can wait for the server's prompts: time it.
+                remote.set_transform(_timed(remote.fetcher, fetch_ms))
+                steps = _train(model, config, remote, _timed(remote_reward(client), reward_ms))
+                remote.close()
+                runs.append(Run("RemoteRLDataset + remote_reward", steps, reward_ms[WARMUP:], fetch_ms))
+            server_grade_ms = _server_mean_ms(server.url, "/grade")
+    env: dict[str, object] = {
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "steps_per_run": STEPS,
+        "warmup": WARMUP,
+        "rounds": ROUNDS,
+        "completions_per_step": BATCH,
+        "server_grade_ms_mean": server_grade_ms,
+    }
+    return runs, env
+
+
+def _server_mean_ms(url: str, route: str) -> float:
+    """Mean time the server itself spent on ``route`` (from its latency histogram)."""
+    values: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        for part in ("sum", "count"):
+            if line.startswith(f'proctor_request_duration_seconds_{part}{{method="POST",route="{route}"}}'):
+                values[part] = float(line.rsplit(" ", 1)[1])
+    return 1e3 * values["sum"] / values["count"] if values.get("count") else float("nan")
+
+
+def table(runs: list[Run]) -> str:
+    by_variant: dict[str, list[Run]] = {}
+    for r in runs:
+        by_variant.setdefault(r.variant, []).append(r)
+    lines = [
+        "| variant | steps | step ms (median) | step ms (p90) | reward fn ms (median) | prompt fetch ms (median) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    medians: dict[str, float] = {}
+    for variant, rs in by_variant.items():
+        steps = [t for r in rs for t in r.step_ms]
+        rewards = [t for r in rs for t in r.reward_ms]
+        fetches = [t for r in rs for t in r.fetch_ms]
+        medians[variant] = statistics.median(steps)
+        p90 = statistics.quantiles(steps, n=10)[-1]
+        lines.append(
+            f"| {variant} | {len(steps)} | {medians[variant]:.1f} | {p90:.1f} | {statistics.median(rewards):.2f} | "
+            f"{statistics.median(fetches):.2f} |"
+        )
+    local, remote = medians.values()
+    lines.append(f"| **added by the dataserver** | | **{remote - local:+.1f}** | | | |")
+    lines.append(f"| ratio remote / local | | {remote / local:.3f} | | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    runs, env = run()
+    print(f"GRPO step, tiny model on the CPU, {BATCH} completions per step ({env['cpus']} CPUs)")
+    print(table(runs))
+    print(f"server-side time per /grade (mean, from its metrics): {env['server_grade_ms_mean']:.2f} ms")
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "trainer_overhead.json").write_text(json.dumps({"env": env, "runs": [asdict(r) for r in runs]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""``ProctorClient``: the typed HTTP client of the dataserver.
+
+Usage::
+
+    with ProctorClient("http://127.0.0.1:8000", api_key=None) as client:
+        client.wait_ready()
+        batch = client.sample(iteration=0, batch_size=16)
+        results = client.grade([GradeItem(sample_id=s.sample_id, completion="42") for s in batch.samples])
+
+Every call is safe to repeat (``/sample`` answers the same batch for the same request, ``/grade`` answers a
+stored result for a completion it graded before), so the client retries connection errors, timeouts, 429
+and 5xx answers with exponential backoff and jitter, honouring ``Retry-After``. Other 4xx answers are the
+caller's mistake and are raised at once.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from proctor.client.errors import DataserverError, NotReadyError, TransportError, error_for
+from proctor.server.protocol import (
+    CurriculumState,
+    GradeItem,
+    GradeRequest,
+    GradeResponse,
+    Health,
+    Meta,
+    SampleRequest,
+    SampleResponse,
+)
+
+__all__ = ["DEFAULT_TIMEOUT", "ProctorClient"]
+
+M = TypeVar("M", bound=BaseModel)
+
+# Grading a large batch can legitimately take a while; connecting should not.
+DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class ProctorClient:
+    """A long-lived connection pool to one dataserver.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8000``.
+        api_key: the server's ``PROCTOR_API_KEY``, sent as a bearer token.
+        timeout: an ``httpx.Timeout`` (or seconds) per attempt.
+        retries: attempts after the first one, for retryable failures.
+        backoff: first retry delay in seconds; doubles on each retry, with ±50 % jitter.
+        max_backoff: the longest single delay (a ``Retry-After`` above it is cut to it too).
+        transport: an ``httpx`` transport, e.g. ``httpx.MockTransport`` in tests.
+        sleep: the function used to wait between retries (tests pass a recorder).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        retries: int = 6,
+        backoff: float = 0.25,
+        max_backoff: float = 8.0,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be ≥ 0, got {retries}")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # What a copy in another process (a DataLoader worker) needs to reconnect; see __getstate__.
+        self._config = {
+            "base_url": base_url,
+            "api_key": api_key,
+            "timeout": timeout,
+            "retries": retries,
+            "backoff": backoff,
+            "max_backoff": max_backoff,
+        }
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._sleep = sleep
+        self._rng = random.Random()
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+
+    # --- the API ------------------------------------------------------------------------------------------
+
+    def meta(self) -> Meta:
+        """Stages, total iterations, seed and curriculum hash."""
+        return self._call("GET", "/meta", Meta)
+
+    def sample(
+        self, iteration: int, batch_size: int, *, rank: int | None = None, world_size: int | None = None
+    ) -> SampleResponse:
+        """The prompts of generation step ``iteration`` (or a rank's share of them)."""
+        body = SampleRequest(iteration=iteration, batch_size=batch_size, rank=rank, world_size=world_size)
+        return self._call("POST", "/sample", SampleResponse, body)
+
+    def grade(self, items: Iterable[GradeItem], *, iteration: int | None = None) -> GradeResponse:
+        """Rewards for completions; results carry ``(sample_id, completion_index)`` to match them by."""
+        return self._call("POST", "/grade", GradeResponse, GradeRequest(iteration=iteration, items=list(items)))
+
+    def curriculum(self) -> CurriculumState:
+        """The live curriculum state: current stage, transitions, per-stage statistics."""
+        return self._call("GET", "/curriculum", CurriculumState)
+
+    def health(self) -> Health:
+        return self._call("GET", "/healthz", Health)
+
+    def wait_ready(self, timeout: float = 60.0, *, interval: float = 0.25) -> Health:
+        """Poll ``/healthz`` until it answers 200, for at most ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while True:
+            try:
+                response = self._http.get("/healthz", timeout=min(5.0, max(0.1, deadline - time.monotonic())))
+                if response.status_code == 200:
+                    return Health.model_validate(response.json())
+                last = error_for(response)
+            except httpx.TransportError as exc:
+                last = exc
+            if time.monotonic() + interval > deadline:
+                raise NotReadyError(
+                    f"the dataserver at {self.base_url} was not ready after {timeout:g}s (last: {last}); "
+                    "is `proctor serve` running there?"
+                )
+            self._sleep(interval)
+
+    # --- plumbing -----------------------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, model: type[M], body: BaseModel | None = None) -> M:
+        payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
+        response = self._send(method, path, payload)
+        try:
+            return model.model_validate(response.json())
+        except ValueError as exc:  # not JSON, or not the expected shape (pydantic's error is a ValueError)
+            raise DataserverError(
+                f"{method} {response.request.url} answered {response.status_code} but not with a {model.__name__}: "
+                f"{str(exc)[:300]}; is {self.base_url} a proctor dataserver of a compatible version?",
+                request=response.request,
+            ) from exc
+
+    def _send(self, method: str, path: str, payload: Any) -> httpx.Response:
+        request = self._http.build_request(method, path, json=payload)
+        for attempt in range(self.retries + 1):
+            last_attempt = attempt == self.retries
+            try:
+                response = self._http.send(request)
+            except httpx.TransportError as exc:
+                if last_attempt:
+                    tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
+                    raise TransportError(
+                        f"{method} {request.url} failed after {tries}: {type(exc).__name__}: {exc}", request=request
+                    ) from exc
+                self._sleep(self._delay(attempt, None))
+                continue
+            if response.status_code < 400:
+                return response
+            if response.status_code in _RETRY_STATUS and not last_attempt:
+                self._sleep(self._delay(attempt, response.headers.get("retry-after")))
+                continue
+            raise error_for(response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _delay(self, attempt: int, retry_after: str | None) -> float:
+        if retry_after is not None:
+            try:
+                seconds: float = float(retry_after)
+                return min(self.max_backoff, max(0.0, seconds))
+            except ValueError:
+                pass  # an HTTP date: fall back to our own schedule
+        jittered: float = self.backoff * 2**attempt * self._rng.uniform(0.5, 1.5)
+        return min(self.max_backoff, jittered)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A connection pool does not travel between processes; its settings do.
+        return dict(self._config)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def __enter__(self) -> ProctorClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

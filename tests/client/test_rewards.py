@@ -1,0 +1,165 @@
+"""remote_reward: matching by (sample_id, completion_index), errors, metrics, and a failing /grade."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import httpx
+import pytest
+
+from proctor.client import ProctorClient, ServerFailure, remote_reward
+
+
+@pytest.fixture
+def client(live_server: Callable[..., AbstractContextManager[str]]) -> Iterator[ProctorClient]:
+    with live_server() as url, ProctorClient(url) as c:
+        yield c
+
+
+def columns(client: ProctorClient, iteration: int = 0, generations: int = 2) -> dict[str, list[Any]]:
+    samples = client.sample(iteration, 2).samples
+    return {
+        "sample_id": [s.sample_id for s in samples for _ in range(generations)],
+        "completion_index": [k for _ in samples for k in range(generations)],
+        "iteration": [iteration] * (len(samples) * generations),
+        "expressions": [s.metadata["expression"] for s in samples for _ in range(generations)],
+    }
+
+
+def test_rewards_follow_the_completions(client: ProctorClient) -> None:
+    cols = columns(client)
+    right = [str(eval(e)) for e in cols.pop("expressions")]
+    completions = [r if k == 0 else "no" for r, k in zip(right, cols["completion_index"], strict=True)]
+    metrics: list[tuple[str, float]] = []
+    reward = remote_reward(client)
+    rewards = reward(
+        prompts=["p"] * 4,
+        completions=completions,
+        completion_ids=[[1, 2]] * 4,
+        log_metric=lambda name, value: metrics.append((name, value)),
+        **cols,
+    )
+    assert rewards == [1.0, 0.0, 1.0, 0.0]
+    assert ("proctor/numeric", 0.5) in metrics
+    assert ("proctor/grading_errors", 0.0) in metrics
+    assert ("proctor/iteration", 0.0) in metrics
+    assert reward.__name__ == "proctor_reward"
+
+
+def test_conversational_completions_and_token_counts() -> None:
+    sent: dict[str, Any] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.update(json.loads(request.content))
+        items = sent["items"]
+        return httpx.Response(
+            200,
+            json={
+                "results": [
+                    {"sample_id": i["sample_id"], "completion_index": i["completion_index"], "reward": 1.0}
+                    for i in items
+                ]
+            },
+        )
+
+    client = ProctorClient("http://proctor.test", transport=httpx.MockTransport(handler))
+    rewards = remote_reward(client)(
+        prompts=[[{"role": "user", "content": "q"}]] * 2,
+        completions=[[{"role": "assistant", "content": "four"}], [{"role": "assistant", "content": "4"}]],
+        completion_ids=[[5, 6, 7], [8]],
+        sample_id=["s:0123456789:1", "s:0123456789:1"],
+        completion_index=[0, 1],
+        iteration=[7, 7],
+    )
+    assert rewards == [1.0, 1.0]
+    assert sent["iteration"] == 7
+    assert [(i["completion"], i["completion_tokens"]) for i in sent["items"]] == [("four", 3), ("4", 1)]
+
+
+def test_results_are_matched_by_key_not_position() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        items = json.loads(request.content)["items"]
+        results = [
+            {
+                "sample_id": i["sample_id"],
+                "completion_index": i["completion_index"],
+                "reward": float(i["completion_index"]),
+            }
+            for i in reversed(items)
+        ]
+        return httpx.Response(200, json={"results": results})
+
+    client = ProctorClient("http://proctor.test", transport=httpx.MockTransport(handler))
+    rewards = remote_reward(client)(
+        prompts=["p"] * 3,
+        completions=["a", "b", "c"],
+        sample_id=["s:0123456789:1"] * 3,
+        completion_index=[0, 1, 2],
+        iteration=[0, 0, 0],
+    )
+    assert rewards == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(("on_error", "expected"), [("skip", [None, 1.0]), ("server", [-1.0, 1.0])])
+def test_a_grading_error_is_never_an_invented_reward(on_error: Any, expected: list[float | None]) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            json={
+                "results": [
+                    {"sample_id": "s:0123456789:1", "completion_index": 0, "reward": -1.0, "error": "boom: failed"},
+                    {"sample_id": "s:0123456789:1", "completion_index": 1, "reward": 1.0},
+                ]
+            },
+        )
+
+    client = ProctorClient("http://proctor.test", transport=httpx.MockTransport(handler))
+    metrics: list[tuple[str, float]] = []
+    rewards = remote_reward(client, on_error=on_error)(
+        prompts=["p"] * 2,
+        completions=["a", "b"],
+        sample_id=["s:0123456789:1"] * 2,
+        completion_index=[0, 1],
+        iteration=[0, 0],
+        log_metric=lambda n, v: metrics.append((n, v)),
+    )
+    assert rewards == expected
+    assert ("proctor/grading_errors", 1.0) in metrics
+
+
+def test_a_failing_grade_raises_after_the_retries() -> None:
+    attempts: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        attempts.append(1)
+        return httpx.Response(503, json={"detail": "state file stopped accepting writes"})
+
+    client = ProctorClient(
+        "http://proctor.test", transport=httpx.MockTransport(handler), retries=2, sleep=lambda s: None
+    )
+    with pytest.raises(ServerFailure, match="state file stopped accepting writes"):
+        remote_reward(client)(
+            prompts=["p"], completions=["a"], sample_id=["s:0123456789:1"], completion_index=[0], iteration=[0]
+        )
+    assert len(attempts) == 3
+
+
+def test_a_missing_result_is_an_error_not_a_zero() -> None:
+    client = ProctorClient(
+        "http://proctor.test", transport=httpx.MockTransport(lambda r: httpx.Response(200, json={"results": []}))
+    )
+    with pytest.raises(RuntimeError, match=r"/grade returned no result for \('s:0123456789:1', 0\)"):
+        remote_reward(client)(
+            prompts=["p"], completions=["a"], sample_id=["s:0123456789:1"], completion_index=[0], iteration=[0]
+        )
+
+
+def test_needs_the_dataset_columns() -> None:
+    client = ProctorClient("http://proctor.test", transport=httpx.MockTransport(lambda r: httpx.Response(500)))
+    with pytest.raises(TypeError, match=r"train on a proctor\.client\.RemoteRLDataset"):
+        remote_reward(client)(prompts=["p"], completions=["a"])
+    with pytest.raises(ValueError, match="on_error must be 'skip' or 'server'"):
+        remote_reward(client, on_error="zero")  # type: ignore[arg-type]

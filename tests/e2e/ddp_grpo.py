@@ -1,0 +1,63 @@
+"""Run by tests/e2e/test_grpo_ddp.py under torchrun: GRPO on two CPU processes against one dataserver.
+
+Each rank writes what it asked the server for and what its reward function saw to OUT/rank<r>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from transformers import AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
+from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
+
+
+def main(url: str, model: str, out: str, steps: int) -> None:
+    config = GRPOConfig(
+        output_dir=str(Path(out) / "run"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=1,
+        num_generations=4,  # a prompt's four completions are split over the two processes
+        max_completion_length=8,
+        max_steps=steps,
+        shuffle_dataset=False,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        dataloader_pin_memory=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    client = ProctorClient(url)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    dataset = RemoteRLDataset(client, config, processing_class=tokenizer)
+    grade = remote_reward(client)
+    calls: list[dict[str, Any]] = []
+
+    def proctor_reward(**kwargs: Any) -> list[float | None]:
+        calls.append({k: list(kwargs[k]) for k in ("sample_id", "completion_index", "iteration")})
+        return grade(**kwargs)
+
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=proctor_reward, args=config, train_dataset=dataset, processing_class=tokenizer
+    )
+    trainer.train()
+    dataset.close()
+    client.close()
+    record = {"rank": config.process_index, "world": config.world_size, "requested": dataset.requested, "calls": calls}
+    Path(out, f"rank{config.process_index}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))

@@ -1,0 +1,186 @@
+"""Real TRL GRPO on the tiny offline model against a real dataserver: cadence, groups, grading, learning,
+the curriculum, and a server killed and restarted in the middle of the run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import yaml
+from transformers import AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
+from proctor.server.launcher import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+GENERATIONS = 4
+STEPS = 4
+
+# Rewards with spread (the completion's length), so that GRPO's advantages are not all zero and the tiny
+# model's parameters move; the stage changes at iteration 2.
+GRADERS = """
+def length(sample):
+    return min(1.0, len(sample.completion) / 40)
+"""
+CURRICULUM = {
+    "name": "cadence",
+    "seed": 1,
+    "sources": {
+        "easy": {"kind": "arithmetic", "graders": ["length"]},
+        "hard": {"kind": "arithmetic", "digits": [2, 3], "graders": ["length"]},
+    },
+    "graders": {"length": {"python": "./graders.py:length"}},
+    "stages": [
+        {"name": "easy", "until_step": 2, "mix": [{"source": "easy"}]},
+        {"name": "hard", "until_step": 50, "mix": [{"source": "hard"}]},
+    ],
+}
+
+
+@pytest.fixture
+def curriculum(tmp_path: Path) -> Path:
+    folder = tmp_path / "cadence"
+    folder.mkdir()
+    (folder / "graders.py").write_text(GRADERS)
+    path = folder / "cadence.yaml"
+    path.write_text(yaml.safe_dump(CURRICULUM, sort_keys=False))
+    return path
+
+
+def grpo_config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
+    values: dict[str, Any] = {
+        "output_dir": str(tmp_path / "run"),
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,  # steps_per_generation = 2: two prompts per generation step
+        "num_generations": GENERATIONS,
+        "max_completion_length": 8,
+        "max_steps": STEPS,
+        "learning_rate": 1e-2,
+        "shuffle_dataset": False,
+        "use_cpu": True,
+        "bf16": False,
+        "gradient_checkpointing": False,
+        "dataloader_pin_memory": False,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "seed": 0,
+    }
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+class Recorder:
+    """Wraps a reward function and keeps the columns of every call."""
+
+    def __init__(self, fn: Callable[..., list[float | None]]) -> None:
+        self.fn = fn
+        self.calls: list[dict[str, Any]] = []
+        self.__name__ = "proctor_reward"
+
+    def __call__(self, **kwargs: Any) -> list[float | None]:
+        self.calls.append({k: list(kwargs[k]) for k in ("sample_id", "completion_index", "iteration")})
+        return self.fn(**kwargs)
+
+
+def train(url: str, tiny_model: Path, config: GRPOConfig, callbacks: list[Any] | None = None) -> dict[str, Any]:
+    client = ProctorClient(url, retries=8, backoff=0.2)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    dataset = RemoteRLDataset(client, config, processing_class=tokenizer)
+    reward = Recorder(remote_reward(client))
+    trainer = GRPOTrainer(
+        model=str(tiny_model),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks or [],
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    dataset.close()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    client.close()
+    return {"requested": list(dataset.requested), "calls": reward.calls, "changed": changed, "losses": losses}
+
+
+def server_metric(url: str, route: str) -> int:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(f'proctor_requests_total{{method="POST",route="{route}",status="200"}}'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_grpo_against_the_dataserver(
+    live_server: Callable[..., Any], curriculum: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    with live_server(curriculum=curriculum) as url:
+        result = train(url, tiny_model, grpo_config(tmp_path))
+        state = httpx.get(url + "/curriculum").json()
+        samples = {i: httpx.post(url + "/sample", json={"iteration": i, "batch_size": 2}).json() for i in range(STEPS)}
+        sample_requests, grade_requests = server_metric(url, "/sample"), server_metric(url, "/grade")
+
+    # One /sample per generation step, with iteration = that step. Steps past the last trained one were
+    # fetched ahead: one by the loader's look-ahead, one more by the dataset's prefetch.
+    assert result["requested"] == list(range(len(result["requested"])))
+    assert STEPS <= len(result["requested"]) <= STEPS + 2
+    assert sample_requests == len(result["requested"]) + STEPS  # the test's own reads above
+    # One /grade per generation batch, each for its own generation step.
+    assert grade_requests == len(result["calls"]) == STEPS
+    assert [c["iteration"] for c in result["calls"]] == [[i] * 8 for i in range(STEPS)]
+    for i, call in enumerate(result["calls"]):
+        groups = [call["sample_id"][g : g + GENERATIONS] for g in range(0, 8, GENERATIONS)]
+        # The G completions of a group carry one sample_id, numbered 0..G-1, in the server's slot order.
+        assert [g[0] for g in groups] == [s["sample_id"] for s in samples[i]["samples"]]
+        assert all(len(set(g)) == 1 for g in groups)
+        assert call["completion_index"] == list(range(GENERATIONS)) * 2
+    assert result["changed"], "the model's parameters did not change"
+    assert all(loss == loss for loss in result["losses"])  # finite, not NaN
+    assert [(t["iteration"], t["from_stage"], t["to_stage"]) for t in state["transitions"]] == [(2, "easy", "hard")]
+    assert [samples[i]["stage"] for i in range(STEPS)] == ["easy", "easy", "hard", "hard"]
+
+
+class KillAndRestart(TrainerCallback):  # type: ignore[misc]
+    """After the first optimizer step, kill -9 the server and bring it back on the same port a second later."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.restarted = threading.Event()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step != 1:
+            return
+        self.server.kill()
+
+        def restart() -> None:
+            time.sleep(1.0)
+            self.server.start()
+            self.restarted.set()
+
+        threading.Thread(target=restart, daemon=True).start()
+
+
+def test_training_survives_a_server_restart(
+    server_process: Callable[..., ServerProcess], curriculum: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    server = server_process([str(curriculum), "--state", str(tmp_path / "state.db"), "--grader-workers", "1"])
+    killer = KillAndRestart(server)
+    result = train(server.url, tiny_model, grpo_config(tmp_path, max_steps=6), callbacks=[killer])
+    assert killer.restarted.is_set()
+    assert len(result["calls"]) == 6
+    # Every step trained on exactly the batch the (restarted) server holds for that iteration.
+    with httpx.Client(base_url=server.url) as c:
+        for i, call in enumerate(result["calls"]):
+            batch = c.post("/sample", json={"iteration": i, "batch_size": 2}).json()["samples"]
+            assert call["sample_id"][::GENERATIONS] == [s["sample_id"] for s in batch]
+        assert c.get("/curriculum").json()["transitions"][0]["iteration"] == 2
