@@ -39,9 +39,9 @@ from proctor.server.launcher import ServerProcess
 from proctor.server.sources.base import SampleId
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = 40
+STEPS = 30
 WARMUP = 5
-ROUNDS = 3
+ROUNDS = 4
 BATCH, GENERATIONS = 8, 4  # 2 prompts × 4 completions per step
 
 
@@ -160,7 +160,7 @@ def run() -> tuple[list[Run], dict[str, object]]:
                 remote = RemoteRLDataset(client, config, processing_class=AutoTokenizer.from_pretrained(model))
                 # The transform is the only place a step can wait for the server's prompts: time it.
                 remote.set_transform(_timed(remote.fetcher, fetch_ms))
-                steps = _train(model, config, remote, _timed(remote_reward(client), reward_ms))
+                steps = _train(model, config, remote, _timed(remote_reward(client, dataset=remote), reward_ms))
                 remote.close()
                 runs.append(Run("RemoteRLDataset + remote_reward", steps, reward_ms[WARMUP:], fetch_ms))
             server_grade_ms = _server_mean_ms(server.url, "/grade")

@@ -144,6 +144,18 @@ class StepFetcher:
         """The stage the server served ``step`` in (``"?"`` for a step this process did not fetch)."""
         return self._stages.get(step, "?")
 
+    def prefetch_after(self, step: int, depth: int = 2) -> None:
+        """Start fetching the ``depth`` steps after ``step`` that are not cached yet.
+
+        :func:`~proctor.client.remote_reward` calls this just before it posts a generation batch to
+        ``/grade``: while the trainer waits for the grades, this thread has the interpreter to itself. Run
+        during generation instead, it would contend with the training loop for the GIL.
+        """
+        with self._lock:
+            for ahead in range(step + 1, min(step + 1 + depth, self.total_steps)):
+                if ahead not in self._steps:
+                    self._submit(ahead)
+
     def _submit(self, step: int) -> Future[list[Sample]]:
         future = self._pool.submit(self._download, step)
         self._steps[step] = future
@@ -218,7 +230,9 @@ class RemoteRLDataset(datasets.Dataset):
         processing_class: the tokenizer; prompts are conversational (system + user messages) when it has a
             chat template, plain text otherwise. ``chat`` overrides that choice.
         num_processes, process_index: default to the run's (``args.world_size`` / ``args.process_index``).
-        prefetch: fetch the next generation step in the background.
+        prefetch: fetch the next generation step in the background as soon as a step is first read. Pass
+            the dataset to :func:`~proctor.client.remote_reward` instead, which prefetches while the server
+            grades (cheaper: no contention with generation); it turns this one off.
         cache_steps: generation steps kept in memory.
 
     Each row carries ``prompt``, ``sample_id``, ``completion_index`` (which of the prompt's G completions

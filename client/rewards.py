@@ -11,18 +11,30 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from proctor.client.http import ProctorClient
 from proctor.server.protocol import GradeItem
+
+if TYPE_CHECKING:
+    from proctor.client.dataset import RemoteRLDataset
 
 __all__ = ["remote_reward"]
 
 RewardFn = Callable[..., list[float | None]]
 
 
-def remote_reward(client: ProctorClient, *, on_error: Literal["skip", "server"] = "skip") -> RewardFn:
+def remote_reward(
+    client: ProctorClient,
+    *,
+    on_error: Literal["skip", "server"] = "skip",
+    dataset: RemoteRLDataset | None = None,
+) -> RewardFn:
     """A reward function for ``GRPOTrainer(reward_funcs=...)`` backed by the dataserver's ``/grade``.
+
+    With ``dataset`` (the run's :class:`~proctor.client.RemoteRLDataset`), the prompts of the next steps are
+    fetched while the server grades this one: the trainer is waiting then anyway, whereas a prefetch during
+    generation competes with it for the interpreter.
 
     Needs the ``sample_id``, ``completion_index`` and ``iteration`` columns that
     :class:`~proctor.client.RemoteRLDataset` provides. Logs each grader's mean (``proctor/<grader>``), the
@@ -31,6 +43,8 @@ def remote_reward(client: ProctorClient, *, on_error: Literal["skip", "server"] 
     """
     if on_error not in ("skip", "server"):
         raise ValueError(f"on_error must be 'skip' or 'server', got {on_error!r}")
+    if dataset is not None:
+        dataset.fetcher.prefetch = False  # prefetching moves here, next to the wait for /grade
 
     def proctor_reward(
         prompts: Sequence[Any],
@@ -60,6 +74,8 @@ def remote_reward(client: ProctorClient, *, on_error: Literal["skip", "server"] 
         steps = set(iteration)
         # One generation batch is one generation step; anything else is attributed by the server.
         step = int(next(iter(steps))) if len(steps) == 1 else None
+        if dataset is not None and step is not None:
+            dataset.fetcher.prefetch_after(step)
         results = {(r.sample_id, r.completion_index): r for r in client.grade(items, iteration=step).results}
 
         rewards: list[float | None] = []

@@ -94,7 +94,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     progress = StepReporter(dataset, is_main=config.process_index == 0)
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=remote_reward(client, on_error=args.on_error),
+        reward_funcs=remote_reward(client, on_error=args.on_error, dataset=dataset),
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,

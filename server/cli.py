@@ -117,12 +117,6 @@ def _preview(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace) -> int:
-    from proctor.client.train import main as train_main
-
-    return train_main(args.train_args)
-
-
 def _demo(args: argparse.Namespace) -> int:
     from proctor.client.train import demo
 
@@ -171,10 +165,9 @@ def _parser() -> argparse.ArgumentParser:
     preview.add_argument("--batch-size", type=int, default=8, help="batch size used to draw the sample prompts")
     preview.set_defaults(run=_preview)
 
-    # The trainer side needs the `train` extra (torch, TRL); it is imported only when asked for.
-    train = sub.add_parser("train", help="GRPO with TRL against a running dataserver", add_help=False)
-    train.add_argument("train_args", nargs=argparse.REMAINDER)
-    train.set_defaults(run=_train)
+    # The trainer side needs the `train` extra (torch, TRL); it is imported only when asked for, and
+    # parses its own options (main() hands them over before this parser sees them).
+    sub.add_parser("train", help="GRPO with TRL against a running dataserver (see `proctor train --help`)")
     demo = sub.add_parser("demo", help="serve the arithmetic ladder and train a tiny model across a stage boundary")
     demo.add_argument("--steps", type=int, default=64)
     demo.set_defaults(run=_demo)
@@ -182,6 +175,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:
+        from proctor.client.train import main as train_main
+
+        return train_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         code: int = args.run(args)

@@ -163,3 +163,27 @@ def test_needs_the_dataset_columns() -> None:
         remote_reward(client)(prompts=["p"], completions=["a"])
     with pytest.raises(ValueError, match="on_error must be 'skip' or 'server'"):
         remote_reward(client, on_error="zero")  # type: ignore[arg-type]
+
+
+def test_with_the_dataset_the_next_prompts_are_fetched_while_grading(client: ProctorClient) -> None:
+    from types import SimpleNamespace
+
+    from proctor.client.dataset import RemoteRLDataset
+
+    args = SimpleNamespace(
+        per_device_train_batch_size=4, world_size=1, process_index=0, steps_per_generation=1,
+        num_generations=2, shuffle_dataset=False, max_steps=5, num_train_epochs=1,
+    )  # fmt: skip
+    ds = RemoteRLDataset(client, args)
+    reward = remote_reward(client, dataset=ds)
+    assert ds.fetcher.prefetch is False  # no prefetch during generation any more: it moved next to /grade
+    rows = ds.__getitems__([0, 0, 1, 1])
+    assert ds.requested == [0]
+    reward(
+        prompts=[r["prompt"] for r in rows],
+        completions=["1", "2", "3", "4"],
+        **{k: [r[k] for r in rows] for k in ("sample_id", "completion_index", "iteration")},
+    )
+    ds.fetcher._pool.submit(lambda: None).result()  # the prefetch thread has run what was queued
+    assert ds.requested == [0, 1, 2]
+    ds.close()
