@@ -54,6 +54,7 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
             yield {"dataserver": server, "settings": settings}
         finally:
             await server.close()
+            log.info("stopped: grader processes ended, state %s closed", settings.state)
 
     locked = settings.api_key is not None
     app = FastAPI(

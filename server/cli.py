@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +11,7 @@ from proctor.curricula import builtin_curricula, builtin_path
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.curriculum.mixing import Mixer
 from proctor.server.curriculum.spec import CurriculumError
+from proctor.server.logs import configure_logging
 from proctor.server.settings import SettingsError, load_settings
 from proctor.server.store import StateMismatchError, Store
 
@@ -41,10 +41,9 @@ def _serve(args: argparse.Namespace) -> int:
         seed=args.seed,
         grader_workers=args.grader_workers,
         log_level=args.log_level,
+        log_format=args.log_format,
     )
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", stream=sys.stderr
-    )
+    configure_logging(settings.log_level, settings.log_format)
     curriculum = load_curriculum(settings.curriculum, seed=settings.seed)
     if settings.state != ":memory:":
         # Refuse a state file of another curriculum here, with a plain message, rather than as a traceback
@@ -55,7 +54,17 @@ def _serve(args: argparse.Namespace) -> int:
         finally:
             store.close()
     app = create_app(settings, curriculum_obj=curriculum)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    # On SIGTERM uvicorn stops accepting, lets in-flight requests finish for up to shutdown_timeout_s, then
+    # runs the lifespan's shutdown, which stops the graders and closes the state file.
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
+    )
     return 0
 
 
@@ -153,6 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--seed", type=int, help="override the curriculum's seed (env PROCTOR_SEED)")
     serve.add_argument("--grader-workers", type=int, help="grader processes (default: one per core)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON")
     serve.set_defaults(run=_serve)
 
     validate = sub.add_parser("validate", help="check a curriculum file and its data")

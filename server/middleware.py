@@ -121,11 +121,19 @@ class RequestMetricsMiddleware:
             self.metrics.requests.labels(method, label, str(status)).inc()
             self.metrics.latency.labels(method, label).observe(elapsed)
             iteration = scope.get("state", {}).get("iteration")
+            latency_ms = round(elapsed * 1000, 2)
             access_log.info(
                 "%s %s %d %.1fms%s",
                 method,
                 scope["path"],
                 status,
-                elapsed * 1000,
+                latency_ms,
                 "" if iteration is None else f" iteration={iteration}",
+                extra={
+                    "method": method,
+                    "path": scope["path"],
+                    "status": status,
+                    "latency_ms": latency_ms,
+                    "iteration": iteration,
+                },
             )

@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     grader_timeout_s: float = Field(default=10.0, gt=0, description="Time limit to grade one completion.")
     sample_cache: int = Field(default=256, ge=0, description="Recent iterations kept in memory for repeats.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field(default="text", description="Log lines as text or as JSON objects.")
+    shutdown_timeout_s: float = Field(
+        default=30.0, gt=0, description="On SIGTERM, how long in-flight requests may take before they are cut."
+    )
 
     @field_validator("curriculum")
     @classmethod

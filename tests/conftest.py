@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
@@ -127,6 +128,18 @@ def anyio_backend() -> str:
 @pytest.fixture
 def curriculum_file(tmp_path: Path) -> Path:
     return write_curriculum(tmp_path / "curriculum")
+
+
+@pytest.fixture
+def tiny_doc() -> dict[str, Any]:
+    """A copy of the tiny curriculum to edit; write it with ``write_tiny``."""
+    return copy.deepcopy(TINY)
+
+
+@pytest.fixture
+def write_tiny(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
+    """Write an edited tiny curriculum (with its data and graders) and return its path."""
+    return lambda doc: write_curriculum(tmp_path / "edited-curriculum", doc)
 
 
 @pytest.fixture

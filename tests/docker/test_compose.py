@@ -1,0 +1,165 @@
+"""docker/: what can be checked without a Docker engine.
+
+The dataserver's command line and environment are read from compose.yaml and the Dockerfile and run here,
+outside Docker: the image's paths are mapped onto this checkout (curricula/) and a temporary folder (the
+state volume), and the port onto a free one. The image build itself needs a Docker engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from proctor.server.launcher import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+
+
+def compose() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    return doc
+
+
+def dockerfile_stage(stage: str) -> dict[str, Any]:
+    """ENV, ENTRYPOINT, CMD and HEALTHCHECK of one stage, following its FROM chain."""
+    text = (DOCKER / "Dockerfile").read_text().replace("\\\n", " ")
+    stages: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if m := re.match(r"FROM (\S+) AS (\S+)", line):
+            parent = stages.get(m.group(1), {})
+            current = {"env": dict(parent.get("env", {})), **{k: v for k, v in parent.items() if k != "env"}}
+            stages[m.group(2)] = current
+        elif line.startswith("ENV "):
+            current["env"].update(re.findall(r"(\w+)=(\S+)", line[4:]))
+        elif line.startswith(("ENTRYPOINT ", "CMD ")):
+            key, _, value = line.partition(" ")
+            current[key.lower()] = json.loads(value)
+        elif line.startswith("HEALTHCHECK "):
+            current["healthcheck"] = json.loads(line[line.index("CMD ") + 4 :])
+    return stages[stage]
+
+
+def substitute(value: str) -> str:
+    """Compose's ${VAR:-default} with an empty environment."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m.group(1), m.group(2)), value)
+
+
+def host_path(value: str, mounts: dict[str, Path]) -> str:
+    for container, host in mounts.items():
+        if value.startswith(container):
+            return str(host) + value[len(container) :]
+    return value
+
+
+def test_the_compose_dataserver_runs_here(tmp_path: Path) -> None:
+    service = compose()["services"]["dataserver"]
+    image = dockerfile_stage(service["build"]["target"])
+    mounts = {"/data": tmp_path / "state-volume"}
+    mounts["/data"].mkdir()
+    for volume in service["volumes"]:
+        source, target, *_ = volume.split(":")
+        if source.startswith("."):  # a bind mount, relative to the compose file
+            mounts[target] = (DOCKER / source).resolve()
+    env = {**image["env"], **{k: substitute(str(v)) for k, v in service["environment"].items()}}
+    env = {k: host_path(v, mounts) for k, v in env.items()}
+    port = free_port()
+    env["PROCTOR_PORT"] = str(port)
+    env["PROCTOR_HOST"] = "127.0.0.1"  # 0.0.0.0 in the container; loopback is enough here
+    argv = [*image["entrypoint"], *service["command"]]
+    assert argv == ["proctor", "serve"]
+    proctor = str(Path(sys.executable).with_name("proctor"))
+    proc = subprocess.Popen(
+        [proctor, *argv[1:]], env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "the dataserver did not come up"
+            time.sleep(0.1)
+        sample = httpx.post(url + "/sample", json={"iteration": 0, "batch_size": 4})
+        assert sample.status_code == 200
+        assert sample.json()["stage"] == "one_digit"  # the compose default: curricula/arithmetic.yaml
+        assert httpx.get(url + "/meta").json()["curriculum"] == "arithmetic"
+        # Both health checks, as Docker would run them (their port mapped like the server's).
+        for check in (image["healthcheck"], service["healthcheck"]["test"][1:]):
+            cmd = [c.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for c in check]
+            cmd[0] = sys.executable if cmd[0] == "python" else cmd[0]
+            assert subprocess.run(cmd, env={**os.environ, **env}, timeout=30).returncode == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0].decode()
+    # uvicorn re-raises the SIGTERM it handled once shut down, so the exit status says why it stopped.
+    assert proc.returncode == -signal.SIGTERM, out
+    assert "stopped: grader processes ended" in out
+    assert (mounts["/data"] / "proctor-state.db").exists()  # the state landed in the volume
+
+
+def test_the_image_serves_the_default_curriculum_as_a_non_root_user() -> None:
+    image = dockerfile_stage("server")
+    assert image["env"]["PROCTOR_CURRICULUM"] == "/app/curricula/arithmetic.yaml"
+    assert image["env"]["PROCTOR_STATE"].startswith("/data/")
+    text = (DOCKER / "Dockerfile").read_text()
+    assert "USER proctor" in text
+    assert 'VOLUME ["/data"]' in text
+    assert "EXPOSE 8000" in text
+    # The dependency layer is built from pyproject.toml before any source is copied.
+    assert text.index("COPY pyproject.toml") < text.index("COPY server")
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed")
+@pytest.mark.parametrize("profiles", [[], ["train"], ["monitoring"]], ids=["default", "train", "monitoring"])
+def test_a_real_compose_implementation_accepts_the_file(profiles: list[str]) -> None:
+    args = [a for p in profiles for a in ("--profile", p)]
+    run = subprocess.run(
+        ["docker-compose", "-f", str(DOCKER / "compose.yaml"), *args, "config"], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    services = yaml.safe_load(run.stdout)["services"]
+    assert "dataserver" in services
+    assert services["dataserver"]["restart"] == "unless-stopped"
+
+
+def test_the_trainer_waits_for_a_healthy_dataserver() -> None:
+    trainer = compose()["services"]["trainer"]
+    assert trainer["profiles"] == ["train"]
+    assert trainer["depends_on"] == {"dataserver": {"condition": "service_healthy"}}
+    assert "http://dataserver:8000" in trainer["command"]
+    assert trainer["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+def test_the_dashboard_only_uses_metrics_the_server_exports(live_server: Any) -> None:
+    dashboard = json.loads((DOCKER / "monitoring" / "grafana" / "proctor-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\bproctor_[a-z_]+", e)}
+    with live_server() as url:
+        exported = httpx.get(url + "/metrics").text
+    names = set(re.findall(r"^# TYPE (\S+) (\S+)", exported, flags=re.MULTILINE))
+    available = set()
+    for name, kind in names:
+        available |= {name, f"{name}_total"} if kind == "counter" else {name}
+        if kind == "histogram":
+            available |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    assert used <= available, used - available
+    assert {"proctor_current_stage", "proctor_stage_rolling_reward", "proctor_grader_errors_total"} <= used

@@ -1,0 +1,70 @@
+"""Log lines: text by default, one JSON object per line on request; one access line per request."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from proctor.server.logs import JsonFormatter, configure_logging
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.getLogger("uvicorn.access").disabled = False
+
+
+def record(msg: str, **extra: Any) -> logging.LogRecord:
+    rec = logging.LogRecord("proctor.access", logging.INFO, __file__, 1, msg, None, None)
+    for key, value in extra.items():
+        setattr(rec, key, value)
+    return rec
+
+
+def test_json_lines_carry_the_request_fields() -> None:
+    line = JsonFormatter().format(record("POST /sample 200 1.2ms", method="POST", status=200, iteration=3))
+    doc = json.loads(line)
+    assert doc["level"] == "info"
+    assert doc["logger"] == "proctor.access"
+    assert doc["message"] == "POST /sample 200 1.2ms"
+    assert (doc["method"], doc["status"], doc["iteration"]) == ("POST", 200, 3)
+    assert doc["ts"].endswith("Z")
+
+
+def test_configure_picks_the_format(restore_logging: None) -> None:
+    configure_logging("warning", "json")
+    [handler] = logging.getLogger().handlers
+    assert isinstance(handler.formatter, JsonFormatter)
+    assert logging.getLogger().level == logging.WARNING
+    assert logging.getLogger("uvicorn.access").disabled
+    configure_logging("info", "text")
+    [handler] = logging.getLogger().handlers
+    assert not isinstance(handler.formatter, JsonFormatter)
+
+
+async def test_one_access_line_per_request(open_client: Callable[..., Any], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="proctor.access")
+    async with open_client() as c:
+        await c.post("/sample", json={"iteration": 4, "batch_size": 2})
+        await c.post("/sample", json={"iteration": -1, "batch_size": 2})
+        await c.get("/healthz")
+    lines = [r for r in caplog.records if r.name == "proctor.access"]
+    assert [" ".join(r.getMessage().split()[:3]) for r in lines] == [
+        "POST /sample 200",
+        "POST /sample 422",
+        "GET /healthz 200",
+    ]
+    assert lines[0].getMessage().endswith(" iteration=4")
+    first = lines[0]
+    assert (first.method, first.path, first.status, first.iteration) == ("POST", "/sample", 200, 4)  # type: ignore[attr-defined]
+    assert first.latency_ms >= 0  # type: ignore[attr-defined]
