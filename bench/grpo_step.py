@@ -5,7 +5,8 @@ Each variant trains in a fresh process (peak memory is a per-process high-water 
 share one), and the variants alternate over rounds so that drifts of the machine hit them alike. The model is
 built from a config (4 layers, hidden 256) with the offline tiny tokenizer; the run has a reference model
 (beta > 0) and an old-policy pass (num_iterations = 2), so all three passes the trainer batches are exercised.
-Prompts have varied lengths and completions stop at EOS at varied lengths, which is where packing pays.
+Prompts have varied lengths, and an exponentially growing EOS bonus after 8 tokens makes completions end at
+spread-out lengths, as a trained model's do; that spread is where packing pays.
 
 Where a GPU is available, the same variants run on it with a model of a few hundred million parameters
 (``--gpu``); this project's machines have none, so that table is not in the README.
@@ -70,18 +71,20 @@ def _run_variant(variant: str, model_dir: Path, out: Path, gpu: bool) -> None:
         "save_strategy": "no",
         "disable_tqdm": True,
         "seed": 0,
+        # A random model rarely says EOS; this makes completions end at spread-out lengths, as trained ones do.
+        "generation_kwargs": {"exponential_decay_length_penalty": (8, 1.1)},
     }
     if variant == "stock":
         config: Any = GRPOConfig(**common)
         trainer_cls: Any = GRPOTrainer
     else:
-        knobs: dict[str, Any] = {
-            "rollout_micro_batch_size": 8,
-            "ref_logps_micro_batch_size": 8,
-            "old_logps_micro_batch_size": 8,
-        }
-        if variant == "dynamic":
-            knobs |= {
+        # chunked: every pass in chunks of 8 rows (generation included). dynamic: generation whole, as stock,
+        # and the three log-prob passes packed by a token budget.
+        knobs: dict[str, Any] = {}
+        if variant == "chunked":
+            knobs = {"rollout_micro_batch_size": 8, "ref_logps_micro_batch_size": 8, "old_logps_micro_batch_size": 8}
+        else:
+            knobs = {
                 "use_dynamic_batching_in_infer": True,
                 "max_tokens_per_microbatch_in_infer": 1024,
                 "use_dynamic_batching_in_train": True,
