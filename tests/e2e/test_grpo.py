@@ -17,6 +17,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
+from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 from proctor.server.launcher import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -56,6 +57,10 @@ def curriculum(tmp_path: Path) -> Path:
 
 
 def grpo_config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
+    return GRPOConfig(**grpo_values(tmp_path, **overrides))
+
+
+def grpo_values(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "output_dir": str(tmp_path / "run"),
         "per_device_train_batch_size": 4,
@@ -76,7 +81,7 @@ def grpo_config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
         "seed": 0,
     }
     values.update(overrides)
-    return GRPOConfig(**values)
+    return values
 
 
 class Recorder:
@@ -92,12 +97,18 @@ class Recorder:
         return self.fn(**kwargs)
 
 
-def train(url: str, tiny_model: Path, config: GRPOConfig, callbacks: list[Any] | None = None) -> dict[str, Any]:
+def train(
+    url: str,
+    tiny_model: Path,
+    config: GRPOConfig,
+    callbacks: list[Any] | None = None,
+    trainer_cls: type[GRPOTrainer] = GRPOTrainer,
+) -> dict[str, Any]:
     client = ProctorClient(url, retries=8, backoff=0.2)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     dataset = RemoteRLDataset(client, config, processing_class=tokenizer)
-    reward = Recorder(remote_reward(client))
-    trainer = GRPOTrainer(
+    reward = Recorder(remote_reward(client, dataset=dataset))
+    trainer = trainer_cls(
         model=str(tiny_model),
         reward_funcs=reward,
         args=config,
@@ -184,3 +195,21 @@ def test_training_survives_a_server_restart(
             batch = c.post("/sample", json={"iteration": i, "batch_size": 2}).json()["samples"]
             assert call["sample_id"][::GENERATIONS] == [s["sample_id"] for s in batch]
         assert c.get("/curriculum").json()["transitions"][0]["iteration"] == 2
+
+
+def test_the_batching_trainer_against_the_dataserver(
+    live_server: Callable[..., Any], curriculum: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    args = ProctorGRPOConfig(
+        **grpo_values(tmp_path),
+        rollout_micro_batch_size=4,
+        use_dynamic_batching_in_train=True,
+        max_tokens_per_microbatch_in_train=64,
+    )
+    with live_server(curriculum=curriculum) as url:
+        result = train(url, tiny_model, args, trainer_cls=ProctorGRPOTrainer)
+        state = httpx.get(url + "/curriculum").json()
+    assert result["requested"][:STEPS] == list(range(STEPS))
+    assert [c["iteration"][0] for c in result["calls"]] == list(range(STEPS))
+    assert result["changed"]
+    assert [(t["iteration"], t["to_stage"]) for t in state["transitions"]] == [(2, "hard")]
