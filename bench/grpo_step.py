@@ -41,6 +41,7 @@ def _run_variant(variant: str, model_dir: Path, out: Path, gpu: bool) -> None:
     from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
+    from proctor.client.tiny import run_defaults
     from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
     torch.manual_seed(0)
@@ -53,7 +54,7 @@ def _run_variant(variant: str, model_dir: Path, out: Path, gpu: bool) -> None:
         return [min(1.0, len(c) / 80) for c in completions]
 
     common: dict[str, Any] = {
-        "output_dir": str(out.parent / f"run-{variant}"),
+        **run_defaults(out.parent / f"run-{variant}", gpu=gpu),
         "per_device_train_batch_size": 32,
         "num_generations": 4,
         "max_completion_length": 96,
@@ -62,15 +63,6 @@ def _run_variant(variant: str, model_dir: Path, out: Path, gpu: bool) -> None:
         "beta": 0.04,
         "num_iterations": 2,
         "gradient_accumulation_steps": 1,
-        "use_cpu": not gpu,
-        "bf16": gpu,
-        "gradient_checkpointing": False,
-        "dataloader_pin_memory": gpu,
-        "report_to": "none",
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "disable_tqdm": True,
-        "seed": 0,
         # A random model rarely says EOS; this makes completions end at spread-out lengths, as trained ones do.
         "generation_kwargs": {"exponential_decay_length_penalty": (8, 1.1)},
     }

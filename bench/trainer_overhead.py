@@ -30,7 +30,7 @@ from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
-from proctor.client.tiny import build_tiny_model
+from proctor.client.tiny import build_tiny_model, run_defaults
 from proctor.curricula import builtin_path
 from proctor.server.curriculum.loader import load_curriculum
 from proctor.server.grading.base import GradeInput
@@ -79,22 +79,13 @@ def _timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
 
 def _config(out: Path) -> GRPOConfig:
     return GRPOConfig(
-        output_dir=str(out),
+        **run_defaults(out),
         per_device_train_batch_size=BATCH,
         num_generations=GENERATIONS,
         max_completion_length=16,
         max_steps=STEPS,
         learning_rate=1e-4,
         shuffle_dataset=False,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        dataloader_pin_memory=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
     )
 
 

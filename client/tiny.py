@@ -7,8 +7,9 @@ Qwen2 is saved next to it. Real runs pass any Hugging Face model path instead.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-__all__ = ["CHAT_TEMPLATE", "build_tiny_model"]
+__all__ = ["CHAT_TEMPLATE", "build_tiny_model", "run_defaults"]
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -74,3 +75,21 @@ def build_tiny_model(folder: str | Path, *, hidden_size: int = 64, layers: int =
     torch.manual_seed(seed)
     Qwen2ForCausalLM(config).save_pretrained(folder)
     return folder
+
+
+def run_defaults(output_dir: str | Path, *, gpu: bool = False, seed: int = 0) -> dict[str, Any]:
+    """``GRPOConfig`` fields for a quiet local run: the precision the device supports, no checkpoints, no
+    reporters, a log line per step. TRL's own defaults (bf16, gradient checkpointing, logging every 10
+    steps) suit a GPU cluster and fail or crawl on a CPU."""
+    return {
+        "output_dir": str(output_dir),
+        "use_cpu": not gpu,
+        "bf16": gpu,
+        "gradient_checkpointing": False,
+        "dataloader_pin_memory": gpu,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "seed": seed,
+    }

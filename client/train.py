@@ -26,7 +26,7 @@ from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 from proctor.client.dataset import RemoteRLDataset
 from proctor.client.http import ProctorClient
 from proctor.client.rewards import remote_reward
-from proctor.client.tiny import build_tiny_model
+from proctor.client.tiny import build_tiny_model, run_defaults
 
 __all__ = ["StepReporter", "build_parser", "demo", "main", "train"]
 
@@ -67,7 +67,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     meta = client.meta()
     gpu = torch.cuda.is_available()
     config = GRPOConfig(
-        output_dir=args.output_dir,
+        **run_defaults(args.output_dir, gpu=gpu, seed=args.seed),
         per_device_train_batch_size=args.per_device_train_batch_size,
         num_generations=args.num_generations,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -76,18 +76,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         learning_rate=args.learning_rate or (1e-4 if tiny else 1e-6),
         beta=args.beta,
         temperature=args.temperature,
-        seed=args.seed,
         # One optimizer step per generation step by default (steps_per_generation = gradient accumulation).
         max_steps=args.max_steps or meta.total_iterations,
         shuffle_dataset=False,  # the curriculum's order is the point
-        bf16=gpu,  # TRL defaults to bf16; on a CPU fp32 is both supported and faster
-        use_cpu=not gpu,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        dataloader_pin_memory=gpu,
-        disable_tqdm=True,
     )
     tokenizer = AutoTokenizer.from_pretrained(model)
     dataset = RemoteRLDataset(client, config, processing_class=tokenizer)

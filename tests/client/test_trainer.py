@@ -13,6 +13,7 @@ import torch
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
+from proctor.client.tiny import run_defaults
 from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,21 +23,12 @@ WORDS = "what is one two three four five add sum plus the answer".split()
 
 def config(tmp_path: Path, cls: type[GRPOConfig] = ProctorGRPOConfig, **overrides: Any) -> Any:
     values: dict[str, Any] = {
-        "output_dir": str(tmp_path / "run"),
+        **run_defaults(tmp_path / "run"),
         "per_device_train_batch_size": 4,
         "num_generations": 4,
         "max_completion_length": 8,
         "max_steps": 2,
         "learning_rate": 1e-2,
-        "use_cpu": True,
-        "bf16": False,
-        "gradient_checkpointing": False,
-        "dataloader_pin_memory": False,
-        "report_to": "none",
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "disable_tqdm": True,
-        "seed": 0,
     }
     values.update(overrides)
     return cls(**values)

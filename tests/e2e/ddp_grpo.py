@@ -18,26 +18,18 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
+from proctor.client.tiny import run_defaults
 
 
 def main(url: str, model: str, out: str, steps: int) -> None:
     config = GRPOConfig(
-        output_dir=str(Path(out) / "run"),
+        **run_defaults(Path(out) / "run"),
         per_device_train_batch_size=2,
         gradient_accumulation_steps=1,
         num_generations=4,  # a prompt's four completions are split over the two processes
         max_completion_length=8,
         max_steps=steps,
         shuffle_dataset=False,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        dataloader_pin_memory=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
     )
     client = ProctorClient(url)
     tokenizer = AutoTokenizer.from_pretrained(model)

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
+from proctor.client.tiny import run_defaults
 from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 from proctor.server.launcher import ServerProcess
 
@@ -62,7 +63,7 @@ def grpo_config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
 
 def grpo_values(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
-        "output_dir": str(tmp_path / "run"),
+        **run_defaults(tmp_path / "run"),
         "per_device_train_batch_size": 4,
         "gradient_accumulation_steps": 2,  # steps_per_generation = 2: two prompts per generation step
         "num_generations": GENERATIONS,
@@ -70,15 +71,6 @@ def grpo_values(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
         "max_steps": STEPS,
         "learning_rate": 1e-2,
         "shuffle_dataset": False,
-        "use_cpu": True,
-        "bf16": False,
-        "gradient_checkpointing": False,
-        "dataloader_pin_memory": False,
-        "report_to": "none",
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "disable_tqdm": True,
-        "seed": 0,
     }
     values.update(overrides)
     return values
