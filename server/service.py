@@ -89,7 +89,6 @@ class _Batch:
 class _Item:
     """One /grade item after validation."""
 
-    position: int
     sample_id: str
     completion_index: int
     completion: str
@@ -467,7 +466,7 @@ class Dataserver:
                     f"items[{seen[pair]}]; give each completion of a prompt its own completion_index",
                 )
             seen[pair] = n
-            items.append(_Item(n, item.sample_id, index, item.completion, item.completion_tokens, sid.source, record))
+            items.append(_Item(item.sample_id, index, item.completion, item.completion_tokens, sid.source, record))
         return items
 
     async def _attribute(self, items: Sequence[_Item], iteration: int | None) -> None:

@@ -122,10 +122,6 @@ class GraderPool:
         for w in workers:
             self._idle.put_nowait(w)
 
-    @property
-    def busy(self) -> int:
-        return len(self._all) - self._idle.qsize()
-
     def _spawn(self) -> _Worker:
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
