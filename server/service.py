@@ -34,8 +34,8 @@ from proctor.server.curriculum.mixing import Mixer
 from proctor.server.errors import ConflictError, InvalidRequestError, UnavailableError
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.pool import GraderPool, GraderPoolError, GraderTimeout
-from proctor.server.grading.registry import SourceGraders
-from proctor.server.grading.remote import grade_remote
+from proctor.server.grading.registry import RemoteGrader, SourceGraders
+from proctor.server.grading.remote import RemoteFailure, grade_remote
 from proctor.server.metrics import Metrics
 from proctor.server.settings import Settings
 from proctor.server.sources.base import Record, SampleId
@@ -279,10 +279,10 @@ class Dataserver:
     def _new_iteration(self, iteration: int, batch_size: int) -> tuple[_Batch, asyncio.Future[None]]:
         """Decide and draw a new iteration, and start storing it.
 
-        Memory moves first and the write follows on the store thread, so that the next new iteration can be
-        decided while this one is being committed (writes stay in order: one thread, FIFO). Callers wait for
-        the returned future before answering; if a write fails the server stops serving (503) rather than
-        answer from a memory that is ahead of its state file.
+        Memory moves first and the write follows (at once with ``synchronous=NORMAL``; on the store thread
+        with ``full``, so that the next new iteration can be decided while this one waits for its fsync;
+        writes stay in order). Callers wait for the returned future before answering; if a write fails the
+        server stops serving (503) rather than answer from a memory that is ahead of its state file.
         """
         transitions: list[TransitionRecord] = []
         if self.last_iteration is None or iteration > self.last_iteration:
@@ -476,7 +476,10 @@ class Dataserver:
             served = {it.sample_id: self._served[it.sample_id] for it in items if it.sample_id in self._served}
             forgotten = [it.sample_id for it in items if it.sample_id not in served]
             if forgotten:
-                served.update(await self._db(self.store.latest_served, forgotten))
+                # A scan: on the store thread, through its own connection, while writes go on; an in-memory
+                # state has one connection, which only the writer may use, so there the scan runs here.
+                scan = self._db if self.store.scans_beside_writes else self._quick
+                served.update(await scan(self.store.latest_served, forgotten))
         for it in items:
             # Ids that were never served (sampled by another server, say) count toward the latest iteration.
             it_iter = iteration if iteration is not None else served.get(it.sample_id, self.last_iteration or 0)
@@ -491,7 +494,7 @@ class Dataserver:
             by_source.setdefault(it.source, []).append(it)
         for source, group in by_source.items():
             for grader in self.curriculum.graders[source].remote:
-                tasks.append(asyncio.ensure_future(self._grade_remote_group(source, grader.key, group)))
+                tasks.append(asyncio.ensure_future(self._grade_remote_group(grader, group)))
         await asyncio.gather(*tasks)
 
     def _grade_input(self, it: _Item) -> GradeInput:
@@ -526,15 +529,14 @@ class Dataserver:
                 else:
                     it.scores[key] = value
 
-    async def _grade_remote_group(self, source: str, key: str, group: Sequence[_Item]) -> None:
-        grader = next(g for g in self.curriculum.graders[source].remote if g.key == key)
+    async def _grade_remote_group(self, grader: RemoteGrader, group: Sequence[_Item]) -> None:
         results = await grade_remote(self.http, grader, [self._grade_input(it) for it in group])
         for it, value in zip(group, results, strict=True):
-            if isinstance(value, str):
+            if isinstance(value, RemoteFailure):
                 it.errors.append(value)
-                self.metrics.grader_errors.labels(key, "timeout" if "timed out" in value else "error").inc()
+                self.metrics.grader_errors.labels(grader.key, "timeout" if value.timeout else "error").inc()
             else:
-                it.scores[key] = value
+                it.scores[grader.key] = value
 
     def _to_row(self, it: _Item) -> GradeRow:
         graders: SourceGraders = self.curriculum.graders[it.source]

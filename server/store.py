@@ -119,8 +119,8 @@ class Store:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        # The connection is used from one thread at a time (the service's store thread); the check is off so
-        # that it may be created on another.
+        # The writer connection: one thread at a time uses it (the event loop, or the store thread with
+        # synchronous=FULL); the check is off so that it may be created on another.
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
@@ -130,11 +130,27 @@ class Store:
         # `checkpoint()` on another connection and thread instead, beside the writes.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
+        # Connections of their own for work beside the writer, each used from one other thread.
         self._checkpointer: sqlite3.Connection | None = None
+        self._scanner: sqlite3.Connection | None = None
+
+    @property
+    def scans_beside_writes(self) -> bool:
+        """Whether :meth:`latest_served` reads through a connection of its own, so that it may run on
+        another thread while the writer works. An in-memory database has only the writer's connection."""
+        return self.path != ":memory:"
+
+    def _side_connection(self, existing: sqlite3.Connection | None) -> sqlite3.Connection:
+        if existing is not None:
+            return existing
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout=5000")
+        return conn
 
     def close(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.close()
+        for side in (self._checkpointer, self._scanner):
+            if side is not None:
+                side.close()
         if self.path != ":memory:":
             # Fold the WAL into the database file, so that a stopped server leaves one file behind.
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -149,9 +165,7 @@ class Store:
         """
         if self.path == ":memory:":
             return
-        if self._checkpointer is None:
-            self._checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self._checkpointer.execute("PRAGMA busy_timeout=5000")
+        self._checkpointer = self._side_connection(self._checkpointer)
         _busy, frames, _done = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         if frames > restart_after_frames:
             self._checkpointer.execute("PRAGMA wal_checkpoint(RESTART)")
@@ -235,11 +249,16 @@ class Store:
         """The latest iteration that served each id (ids never served are absent).
 
         A scan of the stored batches, newest first: only for ids the server no longer remembers, since an
-        index over every served id would cost more on each /sample than this costs on a rare /grade.
+        index over every served id would cost more on each /sample than this costs on a rare /grade. It reads
+        through a connection of its own when it can (see :attr:`scans_beside_writes`).
         """
+        if self.scans_beside_writes:
+            self._scanner = conn = self._side_connection(self._scanner)
+        else:
+            conn = self._db
         out: dict[str, int] = {}
         for sid in set(sample_ids):
-            row = self._db.execute(
+            row = conn.execute(
                 "SELECT iteration FROM iterations WHERE instr(samples, ?) > 0 ORDER BY iteration DESC LIMIT 1",
                 (json.dumps(sid),),
             ).fetchone()

@@ -190,7 +190,10 @@ class GraderPool:
                     results[i] = result
                 queue.extend(reversed(chunk[len(done) :]))  # not started: back to the front of the queue
 
-        await asyncio.gather(*(drain() for _ in range(min(self.size, len(tasks)))))
+        # No more drainers than there are chunks to take: a spare one would wait for a worker only to hand it
+        # back, holding the request up (a timed-out worker's replacement takes a while to arrive).
+        chunks = -(-len(tasks) // _MIN_CHUNK)
+        await asyncio.gather(*(drain() for _ in range(min(self.size, chunks))))
         return [r if r is not None else GraderPoolError("not graded") for r in results]
 
     async def _run_chunk(

@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.registry import RemoteGrader
-from proctor.server.grading.remote import grade_remote
+from proctor.server.grading.remote import RemoteFailure, grade_remote
 
 pytestmark = pytest.mark.anyio
 
@@ -140,3 +140,13 @@ async def test_a_curriculum_with_a_remote_grader(
     # The judge wants the exact text (weight 3); numeric accepts "7.0" (weight 1): 1.0 and 0.25.
     assert [r["reward"] for r in results] == [1.0, 0.25, 1.0, 0.25]
     assert results[1]["components"] == {"judge": 0.0, "numeric": 1.0}
+
+
+async def test_failures_say_whether_they_were_timeouts() -> None:
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("too slow", request=request)
+
+    timed_out = await score_with(slow)
+    refused = await score_with(lambda r: httpx.Response(503, text="busy"))
+    assert all(isinstance(r, RemoteFailure) and r.timeout for r in timed_out)
+    assert all(isinstance(r, RemoteFailure) and not r.timeout for r in refused)
