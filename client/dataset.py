@@ -19,7 +19,6 @@ batch in one call), so it works with the stock ``GRPOTrainer`` as well as with p
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,7 +33,9 @@ from proctor.server.protocol import Sample
 
 __all__ = ["GenerationLayout", "RemoteRLDataset"]
 
-log = logging.getLogger("proctor.client")
+
+# Generation steps remote_reward prefetches while a step is graded (StepFetcher.prefetch_after).
+PREFETCH_DEPTH = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,8 @@ class StepFetcher:
         self.total_steps = total_steps
         self.chat = chat
         self.prefetch = prefetch
-        self.cache_steps = max(2, cache_steps)
+        # The step being read and the ones prefetched after it must fit, or a prefetch evicts the current step.
+        self.cache_steps = max(1 + PREFETCH_DEPTH, cache_steps)
         self._owns_client = False
         self._start()
 
@@ -132,7 +134,9 @@ class StepFetcher:
         """The prompts of generation step ``step`` (one ``/sample`` per step, then from the cache)."""
         with self._lock:
             future = self._steps.get(step)
-            if future is None:
+            # A failed fetch is not kept: a prefetch that ran into a server restart must not fail the step
+            # for good once the server is back.
+            if future is None or (future.done() and future.exception() is not None):
                 future = self._submit(step)
             else:
                 self._steps.move_to_end(step)
@@ -144,7 +148,7 @@ class StepFetcher:
         """The stage the server served ``step`` in (``"?"`` for a step this process did not fetch)."""
         return self._stages.get(step, "?")
 
-    def prefetch_after(self, step: int, depth: int = 2) -> None:
+    def prefetch_after(self, step: int, depth: int = PREFETCH_DEPTH) -> None:
         """Start fetching the ``depth`` steps after ``step`` that are not cached yet.
 
         :func:`~proctor.client.remote_reward` calls this just before it posts a generation batch to
@@ -185,9 +189,12 @@ class StepFetcher:
             "dataset_id": [],
             "metadata": [],
         }
+        steps: dict[int, list[Sample]] = {}  # a loader batch spans one or two steps: look each up once
         for position, index in enumerate(batch["index"]):
             step, slot = self.layout.locate(int(index))
-            sample = self.step_samples(step)[slot]
+            if step not in steps:
+                steps[step] = self.step_samples(step)
+            sample = steps[step][slot]
             out["prompt"].append(self._prompt(sample))
             out["sample_id"].append(sample.sample_id)
             out["completion_index"].append(self.layout.completion_index(position))
@@ -233,7 +240,7 @@ class RemoteRLDataset(datasets.Dataset):
         prefetch: fetch the next generation step in the background as soon as a step is first read. Pass
             the dataset to :func:`~proctor.client.remote_reward` instead, which prefetches while the server
             grades (cheaper: no contention with generation); it turns this one off.
-        cache_steps: generation steps kept in memory.
+        cache_steps: generation steps kept in memory (at least 3: the current one and two prefetched).
 
     Each row carries ``prompt``, ``sample_id``, ``completion_index`` (which of the prompt's G completions
     the row will become), ``iteration`` (the generation step), ``stage``, ``dataset_id`` and ``metadata``;

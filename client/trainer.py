@@ -140,14 +140,22 @@ class ProctorGRPOConfig(GRPOConfig):
 
 @dataclass
 class BatchingLog:
-    """What the batching did, for tests and metrics: one entry per forward (or generate) call."""
+    """What the batching did, for tests and metrics: one entry per forward (or generate) call.
 
+    Only the latest ``limit`` entries of each list are kept, so a long run does not grow it without bound.
+    """
+
+    limit: int = 10_000
     generate_rows: list[int] = field(default_factory=list)
     logps_calls: list[tuple[str, int, int]] = field(default_factory=list)  # (pass, rows, padded width)
 
-    def clear(self) -> None:
-        self.generate_rows.clear()
-        self.logps_calls.clear()
+    def record_generate(self, rows: int) -> None:
+        self.generate_rows.append(rows)
+        del self.generate_rows[: -self.limit]
+
+    def record_logps(self, kind: str, rows: int, width: int) -> None:
+        self.logps_calls.append((kind, rows, width))
+        del self.logps_calls[: -self.limit]
 
 
 class ProctorGRPOTrainer(GRPOTrainer):
@@ -176,14 +184,14 @@ class ProctorGRPOTrainer(GRPOTrainer):
         if size is None or self.use_vllm or images is not None or multimodal_fields or len(prompt_ids) <= size:
             # vLLM batches internally; multimodal rows carry per-row side inputs the chunks would have to slice.
             if size is not None:
-                self.batching_log.generate_rows.append(len(prompt_ids))
+                self.batching_log.record_generate(len(prompt_ids))
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
         completion_ids: list[list[int]] = []
         logprobs: list[Any] | None = []
         for part in chunk_slices(len(prompt_ids), size):
-            self.batching_log.generate_rows.append(part.stop - part.start)
+            self.batching_log.record_generate(part.stop - part.start)
             ids, lps = super()._generate_single_turn(
                 prompt_ids[part], None, multimodal_fields, num_generations, has_tool_images
             )
@@ -263,7 +271,7 @@ class ProctorGRPOTrainer(GRPOTrainer):
         """Stock TRL's pass, one forward per chunk of ``size`` rows (all rows when ``size`` is None)."""
         logps, entropies, aux = [], [], []
         for part in chunk_slices(input_ids.size(0), size or input_ids.size(0)):
-            self.batching_log.logps_calls.append((kind, part.stop - part.start, input_ids.size(1)))
+            self.batching_log.record_logps(kind, part.stop - part.start, input_ids.size(1))
             lp, ent, ax = super()._get_per_token_logps_and_entropies(
                 model, input_ids[part], attention_mask[part], logits_to_keep,
                 compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss,
@@ -295,56 +303,48 @@ class ProctorGRPOTrainer(GRPOTrainer):
         assert budget is not None  # ProctorGRPOConfig refuses dynamic batching without a budget
         rows, total = input_ids.shape
         prompt_cols = total - logits_to_keep
-        prompt_lens = attention_mask[:, :prompt_cols].sum(1).tolist()
-        completion_lens = attention_mask[:, prompt_cols:].sum(1).tolist()
-        lengths = [p + c for p, c in zip(prompt_lens, completion_lens, strict=True)]
-        plan = plan_dynamic_batches(lengths, max_tokens_per_microbatch=budget, sequence_length_round=round_to)
+        # TRL's layout: prompts left-padded to prompt_cols, completions right-padded after them.
+        prompt_lens = attention_mask[:, :prompt_cols].sum(1)
+        completion_lens = attention_mask[:, prompt_cols:].sum(1)
+        plan = plan_dynamic_batches(
+            (prompt_lens + completion_lens).tolist(), max_tokens_per_microbatch=budget, sequence_length_round=round_to
+        )
         pad_id = self._tokenizer.pad_token_id
         device = input_ids.device
-        out_rows: list[torch.Tensor] = []
-        out_cols: list[torch.Tensor] = []
+        keep = torch.arange(logits_to_keep, device=device)
+        placed: list[torch.Tensor] = []
         logp_parts: list[torch.Tensor] = []
         entropy_parts: list[torch.Tensor] = []
+        # Whole-micro-batch tensor ops, no per-row loop: on a GPU each op is a kernel launch.
         for micro in plan.ranks[0]:
             width = micro.padded_len
-            ids = torch.full((micro.rows, width), pad_id, dtype=input_ids.dtype, device=device)
-            mask = torch.zeros((micro.rows, width), dtype=attention_mask.dtype, device=device)
-            labels = torch.full((micro.rows, width), -100, dtype=input_ids.dtype, device=device)
-            for r, i in enumerate(micro.indices):
-                p, c = prompt_lens[i], completion_lens[i]
-                # The row's real tokens, contiguous and right-aligned: [pads][prompt][completion].
-                ids[r, width - p - c :] = input_ids[i, prompt_cols - p : prompt_cols + c]
-                mask[r, width - p - c :] = 1
-                labels[r, width - c :] = ids[r, width - c :]
-            self.batching_log.logps_calls.append((kind, micro.rows, width))
+            index = torch.tensor(micro.indices, device=device)
+            p, c = prompt_lens[index, None], completion_lens[index, None]
+            col = torch.arange(width, device=device)[None, :]
+            # Each row's real tokens, contiguous and right-aligned: [pads][prompt][completion].
+            real = col >= width - p - c
+            source = (col - width + c + prompt_cols).clamp(0, total - 1)
+            ids = input_ids[index].gather(1, source).masked_fill(~real, pad_id)
+            labels = ids.masked_fill(col < width - c, -100)
+            self.batching_log.record_logps(kind, micro.rows, width)
             with self.accelerator.autocast():
-                outputs = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
-            # log_probs[:, j] scores token j + 1, so completion token k of row r (at column width - c + k) is at
-            # column width - c + k - 1.
-            for r, i in enumerate(micro.indices):
-                c = completion_lens[i]
-                if c == 0:
-                    continue
-                cols = torch.arange(width - c - 1, width - 1, device=device)
-                out_rows.append(torch.full((c,), i, dtype=torch.long, device=device))
-                out_cols.append(torch.arange(c, device=device))
-                logp_parts.append(outputs.log_probs[r, cols])
-                if compute_entropy:
-                    entropy_parts.append(outputs.entropy[r, cols])
-        index = (torch.cat(out_rows), torch.cat(out_cols)) if out_rows else None
-        logps = _scatter((rows, logits_to_keep), index, logp_parts, device)
-        entropies = _scatter((rows, logits_to_keep), index, entropy_parts, device) if compute_entropy else None
+                outputs = model(input_ids=ids, attention_mask=real.to(attention_mask.dtype), labels=labels,
+                                fused_lm_head=True)  # fmt: skip
+            # log_probs[:, j] scores token j + 1, so completion token k (at column width - c + k) is at column
+            # width - c - 1 + k: the last c columns, moved to the front as in TRL's (batch, logits_to_keep).
+            scored = (width - 1 - c + keep[None, :]).clamp(0, width - 2)
+            beyond = keep[None, :] >= c
+            placed.append(index)
+            logp_parts.append(outputs.log_probs.gather(1, scored).masked_fill(beyond, 0))
+            if compute_entropy:
+                entropy_parts.append(outputs.entropy.gather(1, scored).masked_fill(beyond, 0))
+        order = (torch.cat(placed),)
+        logps = _scatter((rows, logits_to_keep), order, logp_parts)
+        entropies = _scatter((rows, logits_to_keep), order, entropy_parts) if compute_entropy else None
         return logps, entropies, None
 
 
-def _scatter(
-    shape: tuple[int, int],
-    index: tuple[torch.Tensor, torch.Tensor] | None,
-    parts: Sequence[torch.Tensor],
-    device: torch.device,
-) -> torch.Tensor:
-    """Per-row values into a zero ``shape`` tensor, out of place so that gradients flow through it."""
-    if index is None:
-        return torch.zeros(shape, dtype=torch.float32, device=device)
+def _scatter(shape: tuple[int, int], rows: tuple[torch.Tensor], parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Micro-batch rows back to their places in a zero ``shape`` tensor, out of place so gradients flow."""
     values = torch.cat(list(parts))
-    return torch.zeros(shape, dtype=values.dtype, device=device).index_put(index, values)
+    return values.new_zeros(shape).index_put(rows, values)

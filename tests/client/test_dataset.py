@@ -14,7 +14,7 @@ import datasets
 import httpx
 import pytest
 
-from proctor.client import ProctorClient
+from proctor.client import ProctorClient, TransportError
 from proctor.client.dataset import RemoteRLDataset
 
 
@@ -156,3 +156,16 @@ def test_the_transform_pickles_for_dataloader_workers(client: ProctorClient) -> 
     assert copy.requested == [0]
     ds.close()
     copy.close()
+
+
+def test_a_failed_fetch_is_tried_again_when_the_step_is_read(client: ProctorClient, server: str) -> None:
+    ds = RemoteRLDataset(client, grpo_args(), prefetch=False)
+    broken = ProctorClient("http://127.0.0.1:9", retries=0)  # nothing listens on the discard port
+    ds.fetcher.client = broken
+    with pytest.raises(TransportError):
+        ds.__getitems__([0])
+    ds.fetcher.client = client  # the server is back
+    assert ds.__getitems__([0])[0]["sample_id"] == client.sample(0, 2).samples[0].sample_id
+    assert ds.requested == [0, 0]
+    broken.close()
+    ds.close()

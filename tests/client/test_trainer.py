@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from proctor.client.tiny import run_defaults
-from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+from proctor.client.trainer import BatchingLog, ProctorGRPOConfig, ProctorGRPOTrainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -115,6 +115,15 @@ def test_micro_batch_sizes_must_be_positive(tmp_path: Path) -> None:
 
 
 # --- log-prob passes -------------------------------------------------------------------------------------
+
+
+def test_the_batching_log_keeps_only_the_latest_entries() -> None:
+    log = BatchingLog(limit=3)
+    for rows in range(5):
+        log.record_generate(rows)
+        log.record_logps("ref", rows, 8)
+    assert log.generate_rows == [2, 3, 4]
+    assert log.logps_calls == [("ref", 2, 8), ("ref", 3, 8), ("ref", 4, 8)]
 
 
 @pytest.mark.parametrize("mbs", [1, 3, 4, 10])
