@@ -41,21 +41,19 @@ from __future__ import annotations
 import gc
 import heapq
 import itertools
-import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench._results import save
 from proctor.client.batching.dynamic import plan_dynamic_batches
 
-ROOT = Path(__file__).resolve().parents[1]
 DISTRIBUTIONS = ("gsm8k", "lognormal", "uniform", "heavy")
 MAX_LEN = {"gsm8k": 448, "lognormal": 8192, "uniform": 6144, "heavy": 16384}
 SIZES = (64, 256, 1024)
@@ -678,14 +676,12 @@ def main() -> None:
     print("\n### summary (main table, proctor's rows)\n")
     for line in results["summary_lines"]:
         print(line)
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
     serialisable = {
         **results,
         "main": [asdict(r) for r in results["main"]],
         "extra": {k: [asdict(r) for r in v] for k, v in results["extra"].items()},
     }
-    (out / "batching.json").write_text(json.dumps(_finite(serialisable), indent=2))
+    save("batching", _finite(serialisable))
 
 
 def _finite(value: Any) -> Any:

@@ -22,9 +22,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from bench._results import save
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -38,9 +39,10 @@ def _run_variant(variant: str, model_dir: Path, out: Path, gpu: bool) -> None:
     """Train one variant in this process and write its step times and peak memory to ``out``."""
     import datasets
     import torch
-    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+    from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
+    from bench._timing import StepTimes
     from proctor.client.tiny import run_defaults
     from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
@@ -87,22 +89,14 @@ def _run_variant(variant: str, model_dir: Path, out: Path, gpu: bool) -> None:
         config = ProctorGRPOConfig(**common, **knobs)
         trainer_cls = ProctorGRPOTrainer
 
-    times: list[float] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *a: Any, **k: Any) -> None:
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *a: Any, **k: Any) -> None:
-            times.append((time.perf_counter() - self.t0) * 1e3)
-
+    timer = StepTimes()
     trainer = trainer_cls(
         model=str(model_dir),
         reward_funcs=reward,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[Timer()],
+        callbacks=[timer],
     )
     trainer.remove_callback(PrinterCallback)
     if gpu:
@@ -111,7 +105,7 @@ def _run_variant(variant: str, model_dir: Path, out: Path, gpu: bool) -> None:
     trainer.train()
     result = {
         "variant": variant,
-        "step_ms": times[WARMUP:],
+        "step_ms": timer.times[WARMUP:],
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_before_train_mib": rss_before,
         "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if gpu else None,
@@ -121,32 +115,12 @@ def _run_variant(variant: str, model_dir: Path, out: Path, gpu: bool) -> None:
 
 
 def _build_model(folder: Path, *, gpu: bool) -> Path:
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
     from proctor.client.tiny import build_tiny_model
 
-    tiny = build_tiny_model(folder / "tiny")
-    tokenizer = AutoTokenizer.from_pretrained(tiny)
-    hidden, layers = (1024, 24) if gpu else (256, 4)  # ~300M parameters on a GPU; ~3M on the CPU
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=16 if gpu else 8,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(0)
-    model_dir = folder / "model"
-    Qwen2ForCausalLM(config).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    return model_dir
+    # about 365M parameters on a GPU, 4M on the CPU
+    if gpu:
+        return build_tiny_model(folder / "model", hidden_size=1024, layers=24, heads=16, kv_heads=4, mlp_ratio=4)
+    return build_tiny_model(folder / "model", hidden_size=256, layers=4, heads=8, kv_heads=4, mlp_ratio=4)
 
 
 def run(gpu: bool = False) -> list[dict[str, Any]]:
@@ -199,9 +173,7 @@ def main() -> None:
     device = "GPU" if args.gpu else "CPU"
     print(f"GRPO step on the {device}: 32 rows (8 prompts × 4), completions ≤ 96 tokens, beta 0.04, num_iterations 2")
     print(table(results))
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / f"grpo_step_{device.lower()}.json").write_text(json.dumps(results, indent=2))
+    save(f"grpo_step_{device.lower()}", results)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import json
 import os
 import platform
 import random
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import Connection
+from bench._results import save
 from proctor.server.launcher import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,9 +200,7 @@ def main() -> None:
     rows, env = run()
     print(f"server load, {CONCURRENCY} concurrent connections, {env['cpus']} CPUs, Python {env['python']}")
     print(table(rows))
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "server_load.json").write_text(json.dumps({"env": env, "rows": [asdict(r) for r in rows]}, indent=2))
+    save("server_load", {"env": env, "rows": [asdict(r) for r in rows]})
 
 
 if __name__ == "__main__":

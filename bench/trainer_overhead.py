@@ -10,7 +10,6 @@ variants differ.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -26,9 +25,11 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import datasets
 import httpx
 import torch
-from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+from transformers import AutoTokenizer, PrinterCallback
 from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
+from bench._results import save
+from bench._timing import StepTimes
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
 from proctor.client.tiny import build_tiny_model, run_defaults
 from proctor.curricula import builtin_path
@@ -38,7 +39,6 @@ from proctor.server.grading.builtin import numeric
 from proctor.server.launcher import ServerProcess
 from proctor.server.sources.base import SampleId
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS = 30
 WARMUP = 5
 ROUNDS = 4
@@ -51,18 +51,6 @@ class Run:
     step_ms: list[float]
     reward_ms: list[float]
     fetch_ms: list[float]
-
-
-class _StepTimes(TrainerCallback):
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._t0 = 0.0
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._t0 = time.perf_counter()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.times.append((time.perf_counter() - self._t0) * 1e3)
 
 
 def _timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
@@ -90,7 +78,7 @@ def _config(out: Path) -> GRPOConfig:
 
 
 def _train(model: Path, config: GRPOConfig, dataset: datasets.Dataset, reward: Callable[..., Any]) -> list[float]:
-    timer = _StepTimes()
+    timer = StepTimes()
     tokenizer = AutoTokenizer.from_pretrained(model)
     trainer = GRPOTrainer(
         model=str(model),
@@ -207,9 +195,7 @@ def main() -> None:
     print(f"GRPO step, tiny model on the CPU, {BATCH} completions per step ({env['cpus']} CPUs)")
     print(table(runs))
     print(f"server-side time per /grade (mean, from its metrics): {env['server_grade_ms_mean']:.2f} ms")
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "trainer_overhead.json").write_text(json.dumps({"env": env, "runs": [asdict(r) for r in runs]}, indent=2))
+    save("trainer_overhead", {"env": env, "runs": [asdict(r) for r in runs]})
 
 
 if __name__ == "__main__":

@@ -32,8 +32,20 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_tiny_model(folder: str | Path, *, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> Path:
-    """Build (once) a tiny tokenizer + model in ``folder`` and return it; an existing build is reused."""
+def build_tiny_model(
+    folder: str | Path,
+    *,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    mlp_ratio: int = 2,
+    seed: int = 0,
+) -> Path:
+    """Build (once) a tiny tokenizer + model in ``folder`` and return it; an existing build is reused.
+
+    The model is a randomly initialised Qwen2 of the given shape; the benchmarks ask for larger ones.
+    """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -62,10 +74,10 @@ def build_tiny_model(folder: str | Path, *, hidden_size: int = 64, layers: int =
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+        intermediate_size=mlp_ratio * hidden_size,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,

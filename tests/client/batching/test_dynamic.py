@@ -9,23 +9,18 @@ brute force.
 from __future__ import annotations
 
 import doctest
-import importlib
-import importlib.util
 import itertools
-import sys
 import time
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench import batching as bench
 from proctor.client.batching import dynamic
 from proctor.client.batching.dynamic import DynamicBatchPlan, MicroBatch, plan_dynamic_batches
 
-ROOT = Path(__file__).resolve().parents[3]
 SEED_002 = [7, 6, 8, 5, 1, 3, 8, 6]
 
 
@@ -540,21 +535,8 @@ def test_settling_moves_a_boundary_the_split_left_behind() -> None:
 # --- the benchmark's baselines (bench/batching.py) ---------------------------------------------------------------
 
 
-def load_bench() -> ModuleType:
-    try:
-        return importlib.import_module("bench.batching")
-    except ModuleNotFoundError:  # pytest's entry point does not put the repository root on sys.path
-        spec = importlib.util.spec_from_file_location("bench.batching", ROOT / "bench" / "batching.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["bench.batching"] = module  # dataclasses look their module up while the class is built
-        spec.loader.exec_module(module)
-        return module
-
-
 @pytest.mark.parametrize("dp", [1, 2, 4])
 def test_baselines_place_every_row_once_with_equal_counts(dp: int) -> None:
-    bench = load_bench()
     lengths = bench.draw("lognormal", 64)
     cap = 2 * bench.MAX_LEN["lognormal"]
     for name, algorithm in bench.ALGORITHMS.items():
@@ -569,7 +551,6 @@ def test_baselines_place_every_row_once_with_equal_counts(dp: int) -> None:
 
 
 def test_baselines_on_seed_002() -> None:
-    bench = load_bench()
     by_name = {e["algorithm"]: e for e in bench.seed_example()}
 
     assert by_name["proctor"]["computed_tokens"] == 48
@@ -582,7 +563,6 @@ def test_baselines_on_seed_002() -> None:
 
 
 def test_the_exact_padding_bound_matches_brute_force_on_a_small_batch() -> None:
-    bench = load_bench()
     lengths = [3, 9, 4, 4, 8, 1, 2, 7]
     best = min(
         sum((e - s) * w[e - 1] for s, e in itertools.pairwise([0, *cuts, len(lengths)]))
