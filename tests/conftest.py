@@ -19,6 +19,7 @@ import yaml
 from fastapi import FastAPI
 
 from proctor.server.app import create_app
+from proctor.server.connection import uvicorn_options
 from proctor.server.launcher import ServerProcess
 from proctor.server.settings import Settings
 
@@ -189,9 +190,14 @@ async def client(make_settings: Callable[..., Settings]) -> AsyncIterator[httpx.
 
 
 @contextmanager
-def serve_in_thread(app: FastAPI) -> Iterator[str]:
-    """The app on a real uvicorn server, in a thread of this process, on a free loopback port."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False))
+def serve_in_thread(app: FastAPI, options: dict[str, Any] | None = None) -> Iterator[str]:
+    """The app on a real uvicorn server, in a thread of this process, on a free loopback port.
+
+    ``options`` are more ``uvicorn.Config`` arguments, e.g. ``uvicorn_options(settings)`` to configure the
+    connections as ``proctor serve`` does.
+    """
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, **(options or {}))
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -212,7 +218,8 @@ def live_server(make_settings: Callable[..., Settings]) -> Callable[..., Abstrac
     """``with live_server(**settings_overrides) as url:`` a real server in a thread, for sync clients."""
 
     def start(**overrides: Any) -> AbstractContextManager[str]:
-        return serve_in_thread(create_app(make_settings(**overrides)))
+        settings = make_settings(**overrides)
+        return serve_in_thread(create_app(settings), uvicorn_options(settings))
 
     return start
 

@@ -6,7 +6,7 @@ the worker's pipe with a deadline. A worker that misses its deadline is killed a
 thread, a process can be stopped mid-computation, which is why a plain ``ProcessPoolExecutor`` (whose
 futures cannot be cancelled once running) is not used here.
 
-Workers are fresh interpreters (``python -m proctor.server.grading.pool FD``) talking over a socket pair,
+Workers are fresh interpreters (``python -m proctor.server.grading.pool FD PPID``) talking over a socket pair,
 not ``multiprocessing`` children: those re-import the parent's ``__main__`` module in every worker, which
 breaks any program that builds the app without an ``if __name__ == "__main__"`` guard. A worker inherits
 the parent's ``sys.path``, so a custom grader importable in the server is importable in its workers.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import math
 import os
@@ -23,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +62,30 @@ class GraderTimeout(GraderPoolError):
 
 class GraderCrashed(GraderPoolError):
     pass
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _die_with(parent: int) -> None:
+    """Make this worker exit as soon as the server process ``parent`` is gone, even by ``kill -9``.
+
+    Without it a worker busy in a slow grader runs on until the grader returns and its next write fails.
+    """
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
+            # The parent may have died before prctl ran: then no signal will ever come.
+            if os.getppid() != parent:
+                os._exit(1)
+            return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _worker_main(conn: Connection, preload: Sequence[str]) -> None:
@@ -123,10 +149,13 @@ class GraderPool:
             self._idle.put_nowait(w)
 
     def _spawn(self) -> _Worker:
+        # The worker dies with this process (see _die_with). On Linux the signal comes when the *thread*
+        # that spawned it ends; _spawn runs in the event loop's default executor, whose threads live as long
+        # as the loop.
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(child.fileno()), *self._preload],
+            [sys.executable, "-m", __name__, str(child.fileno()), str(os.getpid()), *self._preload],
             pass_fds=[child.fileno()],
             stdin=subprocess.DEVNULL,
             env=env,
@@ -305,5 +334,9 @@ def default_workers() -> int:
 
 
 if __name__ == "__main__":
-    # python -m proctor.server.grading.pool FD [MODULE ...]: a worker, spawned by GraderPool._spawn.
-    _worker_main(Connection(int(sys.argv[1])), sys.argv[2:])
+    # python -m proctor.server.grading.pool FD PPID [MODULE ...]: a worker, spawned by GraderPool._spawn.
+    # PPID may be missing when a server that was started before an upgrade replaces a worker.
+    fd, *args = sys.argv[1:]
+    if args and args[0].isdigit():
+        _die_with(int(args.pop(0)))
+    _worker_main(Connection(int(fd)), args)
