@@ -183,6 +183,7 @@ class StepFetcher:
         out: dict[str, list[Any]] = {
             "prompt": [],
             "sample_id": [],
+            "slot": [],
             "completion_index": [],
             "iteration": [],
             "stage": [],
@@ -197,6 +198,7 @@ class StepFetcher:
             sample = steps[step][slot]
             out["prompt"].append(self._prompt(sample))
             out["sample_id"].append(sample.sample_id)
+            out["slot"].append(sample.slot)
             out["completion_index"].append(self.layout.completion_index(position))
             out["iteration"].append(step)
             out["stage"].append(self.stage_of(step))
@@ -242,8 +244,9 @@ class RemoteRLDataset(datasets.Dataset):
             grades (cheaper: no contention with generation); it turns this one off.
         cache_steps: generation steps kept in memory (at least 3: the current one and two prefetched).
 
-    Each row carries ``prompt``, ``sample_id``, ``completion_index`` (which of the prompt's G completions
-    the row will become), ``iteration`` (the generation step), ``stage``, ``dataset_id`` and ``metadata``;
+    Each row carries ``prompt``, ``sample_id``, ``slot`` (the prompt's place in its step's batch, which tells
+    apart two slots of one record), ``completion_index`` (which of the prompt's G completions the row will
+    become), ``iteration`` (the generation step), ``stage``, ``dataset_id`` and ``metadata``;
     TRL hands these columns to the reward functions.
     """
 

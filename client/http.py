@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ from proctor.server.protocol import (
     GradeItem,
     GradeRequest,
     GradeResponse,
+    GradeResult,
     Health,
     Meta,
     SampleRequest,
@@ -90,12 +91,15 @@ class ProctorClient:
         self._sleep = sleep
         self._rng = random.Random()
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+        self._grade_limits: tuple[int, int] | None = None  # (max items, max body bytes) of a /grade, from /meta
 
     # --- the API ------------------------------------------------------------------------------------------
 
     def meta(self) -> Meta:
-        """Stages, total iterations, seed and curriculum hash."""
-        return self._call("GET", "/meta", Meta)
+        """Stages, total iterations, seed, curriculum hash, sources and the server's request limits."""
+        meta = self._call("GET", "/meta", Meta)
+        self._grade_limits = (meta.max_grade_items, meta.max_body_bytes)
+        return meta
 
     def sample(
         self, iteration: int, batch_size: int, *, rank: int | None = None, world_size: int | None = None
@@ -105,8 +109,34 @@ class ProctorClient:
         return self._call("POST", "/sample", SampleResponse, body)
 
     def grade(self, items: Iterable[GradeItem], *, iteration: int | None = None) -> GradeResponse:
-        """Rewards for completions; results carry ``(sample_id, completion_index)`` to match them by."""
-        return self._call("POST", "/grade", GradeResponse, GradeRequest(iteration=iteration, items=list(items)))
+        """Rewards for completions; results carry ``(slot or sample_id, completion_index)`` to match them by.
+
+        Completions beyond one request's limits (the server's ``max_grade_items`` and ``max_body_bytes``,
+        read from ``/meta`` on the first call) are sent as several requests, in order, answered as one.
+        """
+        results: list[GradeResult] = []
+        for part in self._grade_parts(list(items), iteration):
+            results.extend(self._call("POST", "/grade", GradeResponse, part).results)
+        return GradeResponse(results=results)
+
+    def _grade_parts(self, items: list[GradeItem], iteration: int | None) -> Iterator[GradeRequest]:
+        if self._grade_limits is None:
+            self.meta()
+        assert self._grade_limits is not None
+        max_items, max_bytes = self._grade_limits
+        # Sizes as sent (compact JSON), with room for the envelope and a margin for encoder differences.
+        budget = int(max_bytes * 0.95) - len(GradeRequest(iteration=iteration, items=[]).model_dump_json())
+        part: list[GradeItem] = []
+        size = 0
+        for item in items:
+            item_size = len(item.model_dump_json(exclude_none=True).encode()) + 1
+            if part and (len(part) == max_items or size + item_size > budget):
+                yield GradeRequest(iteration=iteration, items=part)
+                part, size = [], 0
+            part.append(item)
+            size += item_size
+        if part or not items:
+            yield GradeRequest(iteration=iteration, items=part)
 
     def curriculum(self) -> CurriculumState:
         """The live curriculum state: current stage, transitions, per-stage statistics."""

@@ -8,14 +8,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
 from proctor.server import __version__
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
-from proctor.server.deps import require_api_key
-from proctor.server.errors import install_error_handlers
+from proctor.server.errors import error_responses, install_error_handlers
 from proctor.server.metrics import Metrics
-from proctor.server.middleware import BodyLimitMiddleware, RequestMetricsMiddleware
+from proctor.server.middleware import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    JsonBodyMiddleware,
+    RequestMetricsMiddleware,
+)
+from proctor.server.openapi import complete_openapi
 from proctor.server.routes import curriculum, grade, ops, sample
 from proctor.server.service import Dataserver
 from proctor.server.settings import Settings
@@ -62,25 +67,30 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
         summary="Curriculum dataserver for RL post-training: staged prompts out, graded completions in.",
         version=__version__,
         lifespan=lifespan,
-        # With an API key, the schema is served behind it too (below) and the browser UIs are off.
-        openapi_url=None if locked else "/openapi.json",
+        # With an API key the schema is served behind it too, and the browser UIs (which cannot send the key
+        # when they fetch the schema) are off.
         docs_url=None if locked else "/docs",
         redoc_url=None if locked else "/redoc",
     )
     install_error_handlers(app)
-    protected = [Depends(require_api_key)]
-    if locked:
-
-        @app.get("/openapi.json", include_in_schema=False, dependencies=protected)
-        async def read_openapi() -> dict[str, Any]:
-            return app.openapi()
-
+    # With a key, every route but /healthz may answer 401.
+    keyed = error_responses(401) if locked else {}
     app.include_router(ops.health_router)
-    app.include_router(ops.metrics_router, dependencies=protected)
-    app.include_router(curriculum.router, dependencies=protected)
-    app.include_router(sample.router, dependencies=protected)
-    app.include_router(grade.router, dependencies=protected)
-    # Added last = outermost: the body limit applies before anything reads the body.
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    app.include_router(ops.metrics_router, responses=keyed)
+    app.include_router(curriculum.router, responses=keyed)
+    app.include_router(sample.router, responses=keyed)
+    app.include_router(grade.router, responses=keyed)
+    limits = {
+        ("SampleRequest", "batch_size"): {"maximum": settings.max_batch_size},
+        ("GradeRequest", "items"): {"maxItems": settings.max_grade_items},
+        ("GradeItem", "completion"): {"maxLength": settings.max_completion_chars},
+    }
+    complete_openapi(app, bearer=locked, limits=limits)
+    # Each add wraps the ones before: the request passes metrics, then the key, the body's type and its size
+    # limit, all of which look at the head only, before the route reads the body.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(JsonBodyMiddleware)
+    if settings.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value())
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app

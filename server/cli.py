@@ -11,6 +11,7 @@ from proctor.curricula import builtin_curricula, builtin_path
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.curriculum.mixing import Mixer
 from proctor.server.curriculum.spec import CurriculumError
+from proctor.server.history import HistoryError, adopt_history, read_history
 from proctor.server.logs import configure_logging
 from proctor.server.settings import SettingsError, load_settings
 from proctor.server.store import StateMismatchError, Store
@@ -32,6 +33,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proctor.server.app import create_app
+    from proctor.server.connection import uvicorn_options
 
     settings = load_settings(
         curriculum=_curriculum_path(args.curriculum),
@@ -39,18 +41,22 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         state=args.state,
         seed=args.seed,
+        transitions=args.transitions,
         grader_workers=args.grader_workers,
         log_level=args.log_level,
         log_format=args.log_format,
     )
     configure_logging(settings.log_level, settings.log_format)
     curriculum = load_curriculum(settings.curriculum, seed=settings.seed)
+    history = None if settings.transitions is None else read_history(settings.transitions, curriculum)
     if settings.state != ":memory:":
         # Refuse a state file of another curriculum here, with a plain message, rather than as a traceback
         # from inside the server's start-up.
         store = Store(settings.state, synchronous=settings.state_sync)
         try:
             store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed)
+            if history is not None:
+                adopt_history(store, history, source=str(settings.transitions))
         finally:
             store.close()
     app = create_app(settings, curriculum_obj=curriculum)
@@ -64,6 +70,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
+        **uvicorn_options(settings),
     )
     return 0
 
@@ -160,6 +167,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default 8000, env PROCTOR_PORT)")
     serve.add_argument("--state", help="SQLite state file, or :memory: (default proctor-state.db, env PROCTOR_STATE)")
     serve.add_argument("--seed", type=int, help="override the curriculum's seed (env PROCTOR_SEED)")
+    serve.add_argument(
+        "--transitions",
+        type=Path,
+        help="another run's GET /curriculum answer: serve its iterations exactly as it did (env PROCTOR_TRANSITIONS)",
+    )
     serve.add_argument("--grader-workers", type=int, help="grader processes (default: one per core)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON")
@@ -193,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         code: int = args.run(args)
-    except (CurriculumError, SettingsError, StateMismatchError) as exc:
+    except (CurriculumError, SettingsError, StateMismatchError, HistoryError) as exc:
         print(f"proctor {args.command}: {exc}", file=sys.stderr)
         return 2
     return code

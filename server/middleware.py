@@ -1,4 +1,9 @@
-"""Pure ASGI middleware: the request-body limit, and per-request metrics with one access-log line.
+"""Pure ASGI middleware, each looking only at a request's head: the API key, the body's content type, the
+body-size limit, and per-request metrics with one access-log line.
+
+The key and the content type are checked here rather than in route dependencies because FastAPI reads and
+parses a route's body before it runs the route's dependencies: an unauthenticated client would reach the
+JSON parser, and a wrong content type would surface as a confusing validation error.
 
 Pure ASGI rather than ``BaseHTTPMiddleware``: it adds no task per request and an exception raised inside
 it becomes the intended response, not a 500.
@@ -8,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from typing import Any
 
@@ -16,21 +22,84 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proctor.server.metrics import Metrics
 
-__all__ = ["BodyLimitMiddleware", "RequestMetricsMiddleware"]
+__all__ = ["ApiKeyMiddleware", "BodyLimitMiddleware", "JsonBodyMiddleware", "RequestMetricsMiddleware"]
 
 access_log = logging.getLogger("proctor.access")
 
 
-async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
-    payload = json.dumps(body).encode()
+async def _send_json(
+    send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    payload = json.dumps(body, separators=(",", ":")).encode()
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *(headers or []),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": payload})
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+class ApiKeyMiddleware:
+    """With an API key, every path but the open ones needs ``Authorization: Bearer <key>`` (401 otherwise),
+    checked before anything reads the body."""
+
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = frozenset({"/healthz"})) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+        self._open = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self._open:
+            await self.app(scope, receive, send)
+            return
+        given = _header(scope, b"authorization")
+        if given is None:
+            detail = "Authorization: missing; this server requires the header 'Authorization: Bearer <PROCTOR_API_KEY>'"
+        elif not secrets.compare_digest(given, self._expected):
+            detail = "Authorization: the bearer token does not match this server's PROCTOR_API_KEY"
+        else:
+            await self.app(scope, receive, send)
+            return
+        await _send_json(send, 401, {"detail": detail}, [(b"www-authenticate", b"Bearer")])
+
+
+class JsonBodyMiddleware:
+    """A request with a body must declare it JSON (415 otherwise), before the body is read."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-type")
+        media = (declared or b"").split(b";", 1)[0].strip().lower()
+        if media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")):
+            await self.app(scope, receive, send)
+            return
+        shown = "none" if declared is None else repr(declared[:80].decode("latin-1"))
+        await _send_json(
+            send,
+            415,
+            {
+                "detail": f"Content-Type: {shown}; this route takes a JSON body: send it with the header "
+                "'Content-Type: application/json'"
+            },
+        )
 
 
 class BodyLimitMiddleware:

@@ -4,16 +4,23 @@ Pydantic only: the client imports this module without FastAPI. Request models va
 not depend on server settings (types, signs, shapes); limits that an operator configures (the largest
 ``batch_size``, the largest completion) are checked by the server and reported with the same field names.
 
+Every integer a client sends must be a JSON integer (strict: ``"5"``, ``5.0`` and ``true`` are refused) within
+a stated bound, so that a schema-valid request is also one the server can store and answer.
+
 The API is a superset of kolibrify's RL dataserver: its trainer works against proctor unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 __all__ = [
+    "MAX_COUNT",
+    "MAX_ITERATION",
+    "SAMPLE_ID_PATTERN",
     "CurriculumState",
     "GradeItem",
     "GradeRequest",
@@ -31,6 +38,49 @@ __all__ = [
 ]
 
 
+MAX_ITERATION = 2**53 - 1
+"""The largest ``iteration``: the largest integer that every JSON parser reads exactly."""
+MAX_COUNT = 2**31 - 1
+"""The largest count or index on the wire (batch sizes, ranks, slots, completion indices, token counts)."""
+SAMPLE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*:[0-9a-f]{10}:(0|[1-9][0-9]{0,29})$"
+"""``<source>:<10 hex digits of the source's version>:<record>``, exactly as ``/sample`` serves it."""
+
+
+def _valid_unicode(text: str) -> str:
+    # JSON may escape a lone UTF-16 surrogate ("\ud800"); Python decodes it into a str that cannot be encoded,
+    # hashed or handed to a grader as text.
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"contains a lone UTF-16 surrogate ({text[exc.start : exc.end]!r} at character {exc.start}), "
+            "which is not valid Unicode; send the text as valid UTF-8"
+        ) from None
+    return text
+
+
+_SAMPLE_ID = re.compile(SAMPLE_ID_PATTERN)
+
+
+def _sample_id(text: str) -> str:
+    if _SAMPLE_ID.match(text) is None:
+        raise ValueError(
+            f"malformed sample_id {text[:80]!r}: expected '<source>:<10 hex version>:<record>' exactly as /sample "
+            "returned it"
+        )
+    return text
+
+
+Iteration = Annotated[int, Strict(), Field(ge=0, le=MAX_ITERATION)]
+Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
+Positive = Annotated[int, Strict(), Field(gt=0, le=MAX_COUNT)]
+# The pattern is checked by `_sample_id` (for a message that says what to send) and published in the schema.
+SampleIdText = Annotated[
+    str, Strict(), Field(max_length=256, json_schema_extra={"pattern": SAMPLE_ID_PATTERN}), AfterValidator(_sample_id)
+]
+Text = Annotated[str, Strict(), AfterValidator(_valid_unicode)]
+
+
 class _Wire(BaseModel):
     # Unknown fields are ignored rather than refused so that newer clients can talk to older servers.
     model_config = ConfigDict(extra="ignore")
@@ -46,10 +96,12 @@ class SampleRequest(_Wire):
     ``world_size`` the answer is that rank's contiguous share of the same batch.
     """
 
-    iteration: int = Field(ge=0, description="GRPO generation step, counted from 0.")
-    batch_size: int = Field(gt=0, description="Distinct prompts in this step across all ranks.")
-    rank: int | None = Field(default=None, ge=0, description="This process's rank; needs world_size.")
-    world_size: int | None = Field(default=None, gt=0, description="Number of ranks sharing the batch.")
+    iteration: Iteration = Field(description="GRPO generation step, counted from 0.")
+    batch_size: Positive = Field(
+        description="Distinct prompts in this step across all ranks (at most the server's max_batch_size, /meta)."
+    )
+    rank: Count | None = Field(default=None, description="This process's rank; needs world_size.")
+    world_size: Positive | None = Field(default=None, description="Number of ranks sharing the batch.")
 
     @model_validator(mode="after")
     def _rank_pair(self) -> SampleRequest:
@@ -61,9 +113,11 @@ class SampleRequest(_Wire):
 
 
 class Sample(_Wire):
-    """One prompt. ``sample_id`` names the source, its content version and the record."""
+    """One prompt. ``sample_id`` names the source, its content version and the record; ``slot`` is the
+    prompt's place in the iteration's whole batch (a record that fills two slots is two prompts)."""
 
     sample_id: str
+    slot: int = Field(description="Position in the iteration's batch across all ranks, from 0.")
     dataset_id: str
     system_prompt: str | None = None
     prompt: str
@@ -84,21 +138,38 @@ class SampleResponse(_Wire):
 
 
 class GradeItem(_Wire):
-    """One completion to grade. Without ``completion_index``, the items of one ``sample_id`` are numbered
-    0, 1, 2… in the order they appear in the request."""
+    """One completion to grade. Without ``completion_index``, the items of one prompt are numbered 0, 1, 2…
+    in the order they appear in the request. A prompt is its ``slot`` when given (which needs the request's
+    ``iteration``), else its ``sample_id``."""
 
-    sample_id: str = Field(min_length=1)
-    completion: str
-    completion_tokens: int | None = Field(default=None, ge=0)
-    completion_index: int | None = Field(default=None, ge=0)
+    sample_id: SampleIdText
+    completion: Text
+    completion_tokens: Count | None = None
+    completion_index: Count | None = None
+    slot: Count | None = Field(
+        default=None, description="The prompt's slot as /sample served it; tells apart two slots of one record."
+    )
 
 
 class GradeRequest(_Wire):
     """Completions to grade. ``iteration`` attributes them to the stage of that generation step; without
     it each item is attributed to the latest iteration that served its ``sample_id``."""
 
-    iteration: int | None = Field(default=None, ge=0)
-    items: list[GradeItem]
+    iteration: Iteration | None = None
+    # fail_fast: a hostile list of a million wrong values is refused at the first, not described a million times.
+    items: list[GradeItem] = Field(
+        description="At most the server's max_grade_items (PROCTOR_MAX_GRADE_ITEMS).", fail_fast=True
+    )
+
+    @model_validator(mode="after")
+    def _slots_need_the_iteration(self) -> GradeRequest:
+        if self.iteration is None:
+            for n, item in enumerate(self.items):
+                if item.slot is not None:
+                    raise ValueError(
+                        f"items[{n}].slot is a position in one iteration's batch: send the request's iteration too"
+                    )
+        return self
 
 
 class GradeResult(_Wire):
@@ -107,6 +178,7 @@ class GradeResult(_Wire):
 
     sample_id: str
     completion_index: int
+    slot: int | None = None
     reward: float
     components: dict[str, float] = Field(default_factory=dict)
     error: str | None = None
@@ -141,6 +213,8 @@ class Meta(_Wire):
     seed: int
     sources: list[SourceInfo]
     max_batch_size: int
+    max_grade_items: int = Field(description="Most items one /grade request may carry.")
+    max_body_bytes: int = Field(description="Largest request body; ProctorClient splits a /grade to fit.")
     version: str
 
 

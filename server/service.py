@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
@@ -36,10 +36,11 @@ from proctor.server.grading.base import GradeInput
 from proctor.server.grading.pool import GraderPool, GraderPoolError, GraderTimeout
 from proctor.server.grading.registry import RemoteGrader, SourceGraders
 from proctor.server.grading.remote import RemoteFailure, grade_remote
+from proctor.server.history import adopt_history, read_history
 from proctor.server.metrics import Metrics
 from proctor.server.settings import Settings
 from proctor.server.sources.base import Record, SampleId
-from proctor.server.store import GradeKey, GradeRow, IterationRow, Store
+from proctor.server.store import NO_SLOT, GradeKey, GradeOutcome, GradeRow, IterationRow, Store
 
 __all__ = ["Dataserver"]
 
@@ -48,11 +49,24 @@ log = logging.getLogger("proctor")
 P = ParamSpec("P")
 T = TypeVar("T")
 
+
+async def _paced(items: Sequence[T]) -> AsyncIterator[T]:
+    """``items``, handing the event loop back every ``_PACE`` of them."""
+    for start in range(0, len(items), _PACE):
+        if start:
+            await asyncio.sleep(0)
+        for item in items[start : start + _PACE]:
+            yield item
+
+
 _DEFAULT_WINDOW = 64  # rolling window shown for stages without a gate
-_JSON = json.JSONEncoder(ensure_ascii=False)  # one encoder: json.dumps(..., ensure_ascii=False) builds one per call
+# One compact encoder: json.dumps(..., ensure_ascii=False) builds one per call.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _CHECKPOINT_EVERY_S = 0.5
+# Per-item work on a large /grade is done this many items at a time, with the event loop free in between, so
+# that no request holds the loop for long whatever its size.
+_PACE = 256
 _WAL_RESTART_FRAMES = 8192  # 32 MiB of 4 KiB pages
-_SERVED_MEMORY = 200_000  # sample ids remembered in memory; older ones are looked up in the store
 
 
 @dataclass(slots=True)
@@ -71,18 +85,25 @@ class _StageStats:
 
 @dataclass(frozen=True, slots=True)
 class _Batch:
-    """A sampled iteration as it is served: each sample already encoded as JSON."""
+    """A sampled iteration as it is served: each sample already encoded as JSON, with its slot."""
 
     iteration: int
     batch_size: int
     stage: int
     stage_name: str
     samples: tuple[bytes, ...]
+    sample_ids: tuple[str, ...]  # by slot
 
     @classmethod
     def of(cls, row: IterationRow, curriculum: Curriculum) -> _Batch:
-        encoded = tuple(_JSON.encode(s).encode() for s in row.samples)
-        return cls(row.iteration, row.batch_size, row.stage, curriculum.stages[row.stage].name, encoded)
+        # The slot is the sample's position, so it is added here rather than stored (state files of
+        # earlier versions have none).
+        encoded = tuple(
+            _JSON.encode({"sample_id": s["sample_id"], "slot": slot, **s}).encode()
+            for slot, s in enumerate(row.samples)
+        )
+        ids = tuple(s["sample_id"] for s in row.samples)
+        return cls(row.iteration, row.batch_size, row.stage, curriculum.stages[row.stage].name, encoded, ids)
 
 
 @dataclass(slots=True)
@@ -90,12 +111,13 @@ class _Item:
     """One /grade item after validation."""
 
     sample_id: str
+    slot: int | None
     completion_index: int
     completion: str
     completion_tokens: int | None
     source: str
     record: Record | None  # None when the id is stale (its source changed)
-    key: GradeKey = ("", 0, "", "")  # type: ignore[assignment]
+    key: GradeKey = (0, "", NO_SLOT, 0, "")
     stage: int = 0
     scores: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -132,9 +154,6 @@ class Dataserver:
         # Iterations decided but not yet committed, with the write that commits them.
         self._pending: dict[int, tuple[_Batch, asyncio.Future[None]]] = {}
         self.failure: str | None = None
-        self._graded: set[int] = set()  # iterations with stored grades
-        # sample_id -> latest iteration that served it, for grades posted without `iteration`.
-        self._served: OrderedDict[str, int] = OrderedDict()
         self._checkpoints: asyncio.Task[None] | None = None
 
     @classmethod
@@ -148,6 +167,10 @@ class Dataserver:
                 db_thread,
                 lambda: store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed),
             )
+            if settings.transitions is not None:
+                history = read_history(settings.transitions, curriculum)
+                source = str(settings.transitions)
+                await loop.run_in_executor(db_thread, lambda: adopt_history(store, history, source=source))
             pool = GraderPool(settings.grader_workers)
             await pool.start()
         except BaseException:
@@ -201,10 +224,13 @@ class Dataserver:
         return fut
 
     async def _restore(self) -> None:
-        self.schedule = StageSchedule(self.curriculum.stages, await self._db(self.store.transitions))
+        self.schedule = StageSchedule(
+            self.curriculum.stages,
+            await self._db(self.store.transitions),
+            decided_through=await self._db(self.store.decided_through),
+        )
         self.last_iteration = await self._db(self.store.last_iteration)
         totals = await self._db(self.store.stage_totals)
-        self._graded = await self._db(self.store.graded_iterations)
         for index, stats in enumerate(self._stats):
             t = totals.get(index)
             if t is not None:
@@ -264,7 +290,7 @@ class Dataserver:
         if req.rank is not None and req.world_size is not None:
             share = batch.batch_size // req.world_size
             samples = samples[req.rank * share : (req.rank + 1) * share]
-        tail = json.dumps(
+        tail = _JSON.encode(
             {
                 "stage": batch.stage_name,
                 "stage_index": batch.stage,
@@ -299,8 +325,6 @@ class Dataserver:
             self._on_committed(batch, committed)
         else:
             committed.add_done_callback(lambda fut: self._on_committed(batch, fut))
-        for sample in row.samples:
-            self._remember_served(sample["sample_id"], iteration)
 
         self.last_iteration = iteration if self.last_iteration is None else max(self.last_iteration, iteration)
         stats = self._stats[stage]
@@ -323,14 +347,6 @@ class Dataserver:
             return
         self.failure = f"the state file {self.settings.state} stopped accepting writes ({exc}); restart the server"
         log.critical("%s", self.failure)
-
-    def _remember_served(self, sample_id: str, iteration: int) -> None:
-        served = self._served
-        if served.get(sample_id, -1) < iteration:
-            served[sample_id] = iteration
-            served.move_to_end(sample_id)
-            if len(served) > _SERVED_MEMORY:
-                served.popitem(last=False)
 
     def _check_healthy(self) -> None:
         if self.failure is not None:
@@ -370,15 +386,15 @@ class Dataserver:
     async def grade(self, req: wire.GradeRequest) -> wire.GradeResponse:
         """Rewards for the request's completions, matched by ``(sample_id, completion_index)``."""
         self._check_healthy()
-        items = self._validate_items(req)
+        items = await self._validate_items(req)
+        if req.iteration is not None and any(it.slot is not None for it in items):
+            await self._check_slots(items, req.iteration)
         await self._attribute(items, req.iteration)
 
         keys = [it.key for it in items if it.record is not None]
         # Only an iteration that was graded before can have stored grades: usually there is nothing to look up.
-        if any(key[0] in self._graded for key in keys):
-            stored = await self._quick(self.store.find_grades, keys)
-        else:
-            stored = {}
+        graded = [i for i in {key[0] for key in keys} if await self._quick(self.store.has_grades, i)]
+        stored = await self._quick(self.store.find_grades, [k for k in keys if k[0] in graded]) if graded else {}
         fresh: list[_Item] = []
         for it in items:
             if it.record is None:
@@ -389,22 +405,27 @@ class Dataserver:
                 fresh.append(it)
         if fresh:
             await self._run_graders(fresh)
-        rows = {it.key: self._to_row(it) for it in fresh}
-        outcome = await self._quick(self.store.insert_grades, list(rows.values())) if rows else []
-        self._graded.update(key[0] for key in rows)
-        raced = {row.key for row, status in zip(rows.values(), outcome, strict=True) if status == "exists"}
+        rows = {it.key: self._to_row(it) async for it in _paced(fresh)}
+        raced: set[GradeKey] = set()
+        # Stored (and counted) a slice at a time; each grade is idempotent, so a slice is a unit of its own.
+        pending = list(rows.values())
+        for start in range(0, len(pending), _PACE):
+            part = pending[start : start + _PACE]
+            outcome = await self._store_grades(part)
+            raced.update(row.key for row, status in zip(part, outcome, strict=True) if status == "exists")
+            self._count(
+                [
+                    (row, status == "replaced_error")
+                    for row, status in zip(part, outcome, strict=True)
+                    if status != "exists"
+                ]
+            )
+            await asyncio.sleep(0)
         if raced:
             # Another request stored the same grade meanwhile; answer with that one, count it once.
             stored.update(await self._quick(self.store.find_grades, raced))
-        self._count(
-            [
-                (row, status == "replaced_error")
-                for row, status in zip(rows.values(), outcome, strict=True)
-                if status != "exists"
-            ]
-        )
         results = []
-        for it in items:
+        async for it in _paced(items):
             if it.record is None:
                 results.append(self._stale_result(it))
                 continue
@@ -415,7 +436,15 @@ class Dataserver:
                 results.append(self._result(it, stored[it.key], cached=True))
         return wire.GradeResponse(results=results)
 
-    def _validate_items(self, req: wire.GradeRequest) -> list[_Item]:
+    async def _store_grades(self, rows: Sequence[GradeRow]) -> list[GradeOutcome]:
+        try:
+            return await self._quick(self.store.insert_grades, rows)
+        except Exception as exc:
+            self.failure = f"the state file {self.settings.state} stopped accepting writes ({exc}); restart the server"
+            log.critical("%s", self.failure)
+            raise UnavailableError(self.failure) from exc
+
+    async def _validate_items(self, req: wire.GradeRequest) -> list[_Item]:
         s = self.settings
         if len(req.items) > s.max_grade_items:
             raise InvalidRequestError(
@@ -423,10 +452,13 @@ class Dataserver:
                 f"{len(req.items)} items is above this server's maximum of {s.max_grade_items} per request "
                 "(PROCTOR_MAX_GRADE_ITEMS); split the request",
             )
-        next_index: dict[str, int] = {}
-        seen: dict[tuple[str, int], int] = {}
+        # A prompt is its slot when the client names one, else its sample_id.
+        next_index: dict[str | int, int] = {}
+        seen: dict[tuple[str | int, int], int] = {}
         items: list[_Item] = []
-        for n, item in enumerate(req.items):
+        n = -1
+        async for item in _paced(req.items):
+            n += 1
             if len(item.completion) > s.max_completion_chars:
                 raise InvalidRequestError(
                     f"items[{n}].completion",
@@ -454,38 +486,72 @@ class Dataserver:
                         f"source {sid.source!r} has no record {sid.key} (it has {src.size}); "
                         "send sample ids exactly as /sample returned them",
                     ) from None
+            prompt: str | int = item.sample_id if item.slot is None else item.slot
             index = item.completion_index
             if index is None:
-                index = next_index.get(item.sample_id, 0)
-            next_index[item.sample_id] = max(next_index.get(item.sample_id, 0), index + 1)
-            pair = (item.sample_id, index)
+                index = next_index.get(prompt, 0)
+            next_index[prompt] = max(next_index.get(prompt, 0), index + 1)
+            pair = (prompt, index)
             if pair in seen:
+                named = f"(sample_id, completion_index) = ({item.sample_id!r}, {index})"
+                if item.slot is not None:
+                    named = f"(slot, completion_index) = ({item.slot}, {index})"
                 raise InvalidRequestError(
                     f"items[{n}]",
-                    f"(sample_id, completion_index) = ({item.sample_id!r}, {index}) already appears at "
-                    f"items[{seen[pair]}]; give each completion of a prompt its own completion_index",
+                    f"{named} already appears at items[{seen[pair]}]; give each completion of a prompt its own "
+                    "completion_index (and a record served in two slots, each its slot)",
                 )
             seen[pair] = n
-            items.append(_Item(item.sample_id, index, item.completion, item.completion_tokens, sid.source, record))
+            items.append(
+                _Item(item.sample_id, item.slot, index, item.completion, item.completion_tokens, sid.source, record)
+            )
         return items
+
+    async def _check_slots(self, items: Sequence[_Item], iteration: int) -> None:
+        """Each item's slot must hold its sample_id in the iteration's batch, so that a grade keyed by slot
+        is the grade of the prompt the client was served there."""
+        ids = await self._sample_ids(iteration)
+        if ids is None:
+            raise InvalidRequestError(
+                "iteration",
+                f"iteration {iteration} was never sampled by this server, so its slots are unknown; send the "
+                "iteration /sample served, or items without slot",
+            )
+        for n, it in enumerate(items):
+            if it.slot is None:
+                continue
+            if it.slot >= len(ids):
+                raise InvalidRequestError(
+                    f"items[{n}].slot", f"iteration {iteration} has {len(ids)} slots (0..{len(ids) - 1}), not {it.slot}"
+                )
+            if ids[it.slot] != it.sample_id:
+                raise InvalidRequestError(
+                    f"items[{n}].slot",
+                    f"slot {it.slot} of iteration {iteration} holds {ids[it.slot]!r}, not {it.sample_id!r}; send "
+                    "each sample's slot exactly as /sample returned it",
+                )
+
+    async def _sample_ids(self, iteration: int) -> tuple[str, ...] | None:
+        batch = self._pending[iteration][0] if iteration in self._pending else self._cache_get(iteration)
+        if batch is None and self.last_iteration is not None and iteration <= self.last_iteration:
+            # Reading a batch back parses its samples: on the store thread, not on the event loop.
+            row = await self._db(self.store.get_iteration, iteration)
+            if row is not None:
+                batch = _Batch.of(row, self.curriculum)
+                self._cache_put(batch)
+        return None if batch is None else batch.sample_ids
 
     async def _attribute(self, items: Sequence[_Item], iteration: int | None) -> None:
         """Give each item the iteration (and so the stage) it belongs to, and its idempotency key."""
         served: dict[str, int] = {}
         if iteration is None:
-            served = {it.sample_id: self._served[it.sample_id] for it in items if it.sample_id in self._served}
-            forgotten = [it.sample_id for it in items if it.sample_id not in served]
-            if forgotten:
-                # A scan: on the store thread, through its own connection, while writes go on; an in-memory
-                # state has one connection, which only the writer may use, so there the scan runs here.
-                scan = self._db if self.store.scans_beside_writes else self._quick
-                served.update(await scan(self.store.latest_served, forgotten))
-        for it in items:
+            served = await self._quick(self.store.latest_served, [it.sample_id for it in items])
+        async for it in _paced(items):
             # Ids that were never served (sampled by another server, say) count toward the latest iteration.
             it_iter = iteration if iteration is not None else served.get(it.sample_id, self.last_iteration or 0)
             it.stage = self.schedule.stage_of(it_iter)
             sha = hashlib.sha256(it.completion.encode()).hexdigest()
-            it.key = (it_iter, it.sample_id, it.completion_index, sha)
+            it.key = (it_iter, it.sample_id, NO_SLOT if it.slot is None else it.slot, it.completion_index, sha)
 
     async def _run_graders(self, items: Sequence[_Item]) -> None:
         tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(self._grade_local(items))]
@@ -569,6 +635,7 @@ class Dataserver:
     def _result(self, it: _Item, row: GradeRow, *, cached: bool) -> wire.GradeResult:
         return wire.GradeResult(
             sample_id=it.sample_id,
+            slot=it.slot,
             completion_index=it.completion_index,
             reward=row.reward,
             components=row.components,
@@ -582,6 +649,7 @@ class Dataserver:
         self.metrics.grader_errors.labels("-", "stale").inc()
         return wire.GradeResult(
             sample_id=it.sample_id,
+            slot=it.slot,
             completion_index=it.completion_index,
             reward=self.curriculum.graders[sid.source].on_error,
             error=(
@@ -611,6 +679,8 @@ class Dataserver:
                 for name, src in c.sources.items()
             ],
             max_batch_size=self.settings.max_batch_size,
+            max_grade_items=self.settings.max_grade_items,
+            max_body_bytes=self.settings.max_body_bytes,
             version=__version__,
         )
 

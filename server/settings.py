@@ -37,15 +37,21 @@ class Settings(BaseSettings):
         description="SQLite synchronous mode: normal survives crashes, full also power loss.",
     )
     seed: int | None = Field(default=None, description="Overrides the curriculum's seed.")
+    transitions: Path | None = Field(
+        default=None,
+        description="Another run's GET /curriculum answer: adopt its stage history (see proctor serve --transitions).",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_key: SecretStr | None = Field(
         default=None, description="When set, every route but /healthz needs `Authorization: Bearer <key>`."
     )
     max_batch_size: int = Field(default=4096, ge=1, description="Largest batch_size /sample accepts.")
-    max_grade_items: int = Field(default=16384, ge=1, description="Most items one /grade request may carry.")
+    # The defaults bound what one request costs on the event loop (about 0.1 s for the worst body of the largest
+    # size); ProctorClient splits a larger /grade into requests within them.
+    max_grade_items: int = Field(default=4096, ge=1, description="Most items one /grade request may carry.")
     max_completion_chars: int = Field(default=200_000, ge=1, description="Longest completion /grade accepts.")
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Largest request body (413).")
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Largest request body (413).")
     grader_workers: int = Field(default_factory=default_workers, ge=1, description="Grader processes.")
     grader_timeout_s: float = Field(default=10.0, gt=0, description="Time limit to grade one completion.")
     sample_cache: int = Field(default=256, ge=0, description="Recent iterations kept in memory for repeats.")
@@ -53,6 +59,20 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(default="text", description="Log lines as text or as JSON objects.")
     shutdown_timeout_s: float = Field(
         default=30.0, gt=0, description="On SIGTERM, how long in-flight requests may take before they are cut."
+    )
+    # Connection limits, enforced by proctor.server.connection before a request reaches the app.
+    max_header_bytes: int = Field(
+        default=16384, ge=1024, description="Longest request line plus headers, in bytes (431 past it)."
+    )
+    max_headers: int = Field(default=100, ge=8, description="Most header fields in one request (431 past it).")
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="Time for a request's headers to arrive, from its first byte (408)."
+    )
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, description="Time for a request's body to arrive once its headers are in (408)."
+    )
+    max_connections: int = Field(
+        default=1024, ge=1, description="Open connections (idle ones count) past which requests get a 503."
     )
 
     @field_validator("curriculum")

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from proctor.server.curriculum.engine import TransitionRecord
 
 __all__ = [
+    "NO_SLOT",
     "GradeKey",
     "GradeOutcome",
     "GradeRow",
@@ -36,7 +37,8 @@ __all__ = [
     "Store",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+NO_SLOT = -1  # the slot of a grade whose client did not send one (it is told apart by its sample_id alone)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -64,6 +66,7 @@ CREATE TABLE IF NOT EXISTS grades (
     seq INTEGER PRIMARY KEY,
     iteration INTEGER NOT NULL,
     sample_id TEXT NOT NULL,
+    slot INTEGER NOT NULL,
     completion_index INTEGER NOT NULL,
     completion_sha TEXT NOT NULL,
     stage INTEGER NOT NULL,
@@ -72,10 +75,35 @@ CREATE TABLE IF NOT EXISTS grades (
     components TEXT NOT NULL,
     error TEXT,
     created_at REAL NOT NULL,
-    UNIQUE (iteration, sample_id, completion_index, completion_sha)
+    UNIQUE (iteration, sample_id, slot, completion_index, completion_sha)
 );
 CREATE INDEX IF NOT EXISTS grades_by_stage ON grades (stage, seq);
+-- The latest iteration that served each sample id: /grade without `iteration` attributes by it.
+CREATE TABLE IF NOT EXISTS served (
+    sample_id TEXT PRIMARY KEY,
+    iteration INTEGER NOT NULL
+) WITHOUT ROWID;
 """
+
+# Version 1 keyed grades without a slot and kept no served index; both are rebuilt from what it stored.
+_MIGRATE_1_TO_2 = (
+    """
+ALTER TABLE grades RENAME TO grades_v1;
+DROP INDEX IF EXISTS grades_by_stage;
+"""
+    + _SCHEMA
+    + """
+INSERT INTO grades (seq, iteration, sample_id, slot, completion_index, completion_sha, stage, source, reward,
+                    components, error, created_at)
+    SELECT seq, iteration, sample_id, -1, completion_index, completion_sha, stage, source, reward, components,
+           error, created_at FROM grades_v1;
+DROP TABLE grades_v1;
+INSERT INTO served (sample_id, iteration)
+    SELECT json_extract(s.value, '$.sample_id'), MAX(i.iteration) FROM iterations AS i, json_each(i.samples) AS s
+    GROUP BY 1;
+UPDATE meta SET value = '2' WHERE key = 'schema_version';
+"""
+)
 
 
 class StateMismatchError(RuntimeError):
@@ -90,8 +118,9 @@ class IterationRow:
     samples: list[dict[str, Any]]
 
 
-# (iteration, sample_id, completion_index, sha256 of the completion): what makes a grade "the same grade".
-GradeKey = tuple[int, str, int, str]
+# (iteration, sample_id, slot or NO_SLOT, completion_index, sha256 of the completion): what makes a grade
+# "the same grade".
+GradeKey = tuple[int, str, int, int, str]
 GradeOutcome = Literal["inserted", "replaced_error", "exists"]
 
 
@@ -129,28 +158,21 @@ class Store:
         # stalling that commit (and every request queued behind it) for milliseconds. The service runs
         # `checkpoint()` on another connection and thread instead, beside the writes.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
+        if self._schema_version() == "1":
+            self._db.executescript("BEGIN IMMEDIATE;" + _MIGRATE_1_TO_2 + "COMMIT;")
         self._db.executescript(_SCHEMA)
-        # Connections of their own for work beside the writer, each used from one other thread.
+        # A connection of its own for checkpoints, used from the checkpoint thread.
         self._checkpointer: sqlite3.Connection | None = None
-        self._scanner: sqlite3.Connection | None = None
 
-    @property
-    def scans_beside_writes(self) -> bool:
-        """Whether :meth:`latest_served` reads through a connection of its own, so that it may run on
-        another thread while the writer works. An in-memory database has only the writer's connection."""
-        return self.path != ":memory:"
-
-    def _side_connection(self, existing: sqlite3.Connection | None) -> sqlite3.Connection:
-        if existing is not None:
-            return existing
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout=5000")
-        return conn
+    def _schema_version(self) -> str | None:
+        if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
+            return None
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return None if row is None else str(row[0])
 
     def close(self) -> None:
-        for side in (self._checkpointer, self._scanner):
-            if side is not None:
-                side.close()
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         if self.path != ":memory:":
             # Fold the WAL into the database file, so that a stopped server leaves one file behind.
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -165,7 +187,9 @@ class Store:
         """
         if self.path == ":memory:":
             return
-        self._checkpointer = self._side_connection(self._checkpointer)
+        if self._checkpointer is None:
+            self._checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._checkpointer.execute("PRAGMA busy_timeout=5000")
         _busy, frames, _done = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         if frames > restart_after_frames:
             self._checkpointer.execute("PRAGMA wal_checkpoint(RESTART)")
@@ -215,7 +239,8 @@ class Store:
     def record_iteration(
         self, row: IterationRow, transitions: Sequence[TransitionRecord], *, samples_json: str | None = None
     ) -> None:
-        """Store a new iteration's batch together with the transitions decided for it, atomically.
+        """Store a new iteration's batch together with the transitions decided for it, atomically, and index
+        the iteration as the latest to serve each of its sample ids (unless a later one already did).
 
         ``samples_json`` is ``row.samples`` already encoded, when the caller has it.
         """
@@ -226,6 +251,11 @@ class Store:
                 (row.iteration, row.batch_size, row.stage, samples_json or json.dumps(row.samples), now),
             )
             self._db.executemany(
+                "INSERT INTO served (sample_id, iteration) VALUES (?, ?) ON CONFLICT (sample_id) DO UPDATE"
+                " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
+                [(sid, row.iteration) for sid in {s["sample_id"] for s in row.samples}],
+            )
+            self._db.executemany(
                 "INSERT INTO transitions (iteration, from_stage, to_stage, reason, rolling_reward, rolling_count,"
                 " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
@@ -233,6 +263,30 @@ class Store:
                     for t in transitions
                 ],
             )
+
+    def adopt_transitions(self, transitions: Sequence[TransitionRecord], decided_through: int | None) -> None:
+        """Record transitions decided by another run, and how far that run had decided (see
+        :class:`~proctor.server.curriculum.engine.StageSchedule`), atomically."""
+        now = time.time()
+        with self._tx():
+            self._db.executemany(
+                "INSERT INTO transitions (iteration, from_stage, to_stage, reason, rolling_reward, rolling_count,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (t.iteration, t.from_stage, t.to_stage, t.reason, t.rolling_reward, t.rolling_count, now)
+                    for t in transitions
+                ],
+            )
+            current = self.decided_through()
+            if decided_through is not None and (current is None or decided_through > current):
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('decided_through', ?)", (str(decided_through),)
+                )
+
+    def decided_through(self) -> int | None:
+        """The last iteration whose stage an adopted run decided; None when none was adopted."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'decided_through'").fetchone()
+        return None if row is None else int(row[0])
 
     def last_iteration(self) -> int | None:
         value = self._db.execute("SELECT MAX(iteration) FROM iterations").fetchone()[0]
@@ -246,25 +300,18 @@ class Store:
         return [TransitionRecord(*r) for r in rows]
 
     def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]:
-        """The latest iteration that served each id (ids never served are absent).
-
-        A scan of the stored batches, newest first: only for ids the server no longer remembers, since an
-        index over every served id would cost more on each /sample than this costs on a rare /grade. It reads
-        through a connection of its own when it can (see :attr:`scans_beside_writes`).
-        """
-        if self.scans_beside_writes:
-            self._scanner = conn = self._side_connection(self._scanner)
-        else:
-            conn = self._db
+        """The latest iteration that served each id (ids never served are absent): one indexed look-up each."""
         out: dict[str, int] = {}
         for sid in set(sample_ids):
-            row = conn.execute(
-                "SELECT iteration FROM iterations WHERE instr(samples, ?) > 0 ORDER BY iteration DESC LIMIT 1",
-                (json.dumps(sid),),
-            ).fetchone()
+            row = self._db.execute("SELECT iteration FROM served WHERE sample_id = ?", (sid,)).fetchone()
             if row is not None:
                 out[sid] = int(row[0])
         return out
+
+    def has_grades(self, iteration: int) -> bool:
+        """Whether any grade of ``iteration`` is stored (an index probe)."""
+        row = self._db.execute("SELECT 1 FROM grades WHERE iteration = ? LIMIT 1", (iteration,)).fetchone()
+        return row is not None
 
     # --- grades -----------------------------------------------------------------------------------------
 
@@ -273,7 +320,7 @@ class Store:
         for key in keys:
             row = self._db.execute(
                 "SELECT stage, source, reward, components, error FROM grades WHERE iteration = ? AND sample_id = ?"
-                " AND completion_index = ? AND completion_sha = ?",
+                " AND slot = ? AND completion_index = ? AND completion_sha = ?",
                 key,
             ).fetchone()
             if row is not None:
@@ -290,8 +337,8 @@ class Store:
             for r in rows:
                 values = (r.stage, r.source, r.reward, json.dumps(r.components), r.error, now)
                 cur = self._db.execute(
-                    "INSERT OR IGNORE INTO grades (iteration, sample_id, completion_index, completion_sha, stage,"
-                    " source, reward, components, error, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR IGNORE INTO grades (iteration, sample_id, slot, completion_index, completion_sha,"
+                    " stage, source, reward, components, error, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (*r.key, *values),
                 )
                 if cur.rowcount == 1:
@@ -299,8 +346,8 @@ class Store:
                     continue
                 cur = self._db.execute(
                     "UPDATE grades SET stage = ?, source = ?, reward = ?, components = ?, error = ?, created_at = ?"
-                    " WHERE iteration = ? AND sample_id = ? AND completion_index = ? AND completion_sha = ?"
-                    " AND error IS NOT NULL",
+                    " WHERE iteration = ? AND sample_id = ? AND slot = ? AND completion_index = ?"
+                    " AND completion_sha = ? AND error IS NOT NULL",
                     (*values, *r.key),
                 )
                 outcome.append("replaced_error" if cur.rowcount == 1 else "exists")
@@ -320,10 +367,6 @@ class Store:
         ):
             out.setdefault(stage, {}).update(graded=graded or 0, errors=errors or 0, reward_sum=reward_sum or 0.0)
         return {stage: StageTotals(**fields) for stage, fields in out.items()}
-
-    def graded_iterations(self) -> set[int]:
-        """Iterations with at least one stored grade."""
-        return {int(r[0]) for r in self._db.execute("SELECT DISTINCT iteration FROM grades")}
 
     def recent_rewards(self, stage: int, limit: int) -> list[float]:
         """The latest ``limit`` error-free rewards of a stage, oldest first."""

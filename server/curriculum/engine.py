@@ -3,7 +3,8 @@
 Stages are step-keyed like kolibrify's (``until_step`` ends a stage at the latest) and may carry an
 ``advance`` gate that ends them early. A gate is evaluated only when an iteration is sampled for the first
 time at the frontier; the decision is then recorded by the store, so any later request for that iteration,
-on any rank or after a restart, sees the same stage.
+on any rank or after a restart, sees the same stage. A schedule adopted from another run
+(``proctor serve --transitions``) also carries how far that run had decided: no gate fires up to there.
 """
 
 from __future__ import annotations
@@ -33,10 +34,18 @@ class TransitionRecord:
 class StageSchedule:
     """The stages of a curriculum plus the transitions recorded so far (append-only, in iteration order)."""
 
-    def __init__(self, stages: Sequence[Stage], transitions: Sequence[TransitionRecord] = ()) -> None:
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        transitions: Sequence[TransitionRecord] = (),
+        *,
+        decided_through: int | None = None,
+    ) -> None:
         self.stages = tuple(stages)
         self.transitions: list[TransitionRecord] = list(transitions)
         self._at = [t.iteration for t in self.transitions]
+        # Iterations up to here were decided by the run this schedule was adopted from: its gates are final.
+        self.decided_through = decided_through
 
     @property
     def current(self) -> int:
@@ -69,7 +78,8 @@ class StageSchedule:
             out.append(TransitionRecord(until, stage, stage + 1, f"reached until_step {until}"))
             stage, start = stage + 1, until
         gate_spec = self.stages[stage].advance
-        if gate_spec is not None and stage < last and iteration - start >= gate_spec.min_steps:
+        adopted = self.decided_through is not None and iteration <= self.decided_through
+        if gate_spec is not None and stage < last and not adopted and iteration - start >= gate_spec.min_steps:
             mean, count = gate(stage)
             if mean is not None and count >= gate_spec.window and mean >= gate_spec.threshold:
                 out.append(

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
 
-from proctor.server.deps import DataserverDep
+from fastapi import APIRouter, Depends, Request, Response
+
+from proctor.server.deps import DataserverDep, json_body
+from proctor.server.errors import error_responses
+from proctor.server.openapi import request_body
 from proctor.server.protocol import GradeRequest, GradeResponse
 
 router = APIRouter(tags=["data"])
+GradeRequestBody = Annotated[GradeRequest, Depends(json_body(GradeRequest))]
 
 
 @router.post(
     "/grade",
     response_model=GradeResponse,
-    responses={422: {"description": "An item is malformed (the detail names it)."}},
+    openapi_extra=request_body(GradeRequest),
+    responses=error_responses(400, 413, 415, 422, 503),
 )
-async def create_grades(body: GradeRequest, server: DataserverDep, request: Request) -> Response:
-    """Grade completions; results are matched by ``(sample_id, completion_index)``, never by position.
+async def create_grades(body: GradeRequestBody, server: DataserverDep, request: Request) -> Response:
+    """Grade completions; results are matched by ``(slot, completion_index)`` (or ``(sample_id,
+    completion_index)`` for items without a slot), never by position.
 
     Posting the same completion again returns the stored result and does not count twice.
     """

@@ -6,14 +6,14 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proctor.server.deps import DataserverDep
-from proctor.server.errors import UnavailableError
+from proctor.server.errors import UnavailableError, error_responses
 from proctor.server.protocol import Health
 
 health_router = APIRouter(tags=["ops"])
 metrics_router = APIRouter(tags=["ops"])
 
 
-@health_router.get("/healthz")
+@health_router.get("/healthz", responses=error_responses(503))
 async def read_health(server: DataserverDep) -> Health:
     """Liveness: answers from memory, without touching the store or the graders; 503 once the state file
     has refused a write (the server then refuses work until it is restarted)."""

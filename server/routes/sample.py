@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
 
-from proctor.server.deps import DataserverDep
+from fastapi import APIRouter, Depends, Request, Response
+
+from proctor.server.deps import DataserverDep, json_body
+from proctor.server.errors import error_responses
+from proctor.server.openapi import request_body
 from proctor.server.protocol import SampleRequest, SampleResponse
 
 router = APIRouter(tags=["data"])
-
-_ERRORS: dict[int | str, dict[str, str]] = {
-    409: {"description": "The iteration was already sampled with another batch_size."},
-    422: {"description": "A field is out of range (the detail names it)."},
-}
+SampleRequestBody = Annotated[SampleRequest, Depends(json_body(SampleRequest))]
 
 
-@router.post("/sample", response_model=SampleResponse, responses=_ERRORS)
-async def create_sample(body: SampleRequest, server: DataserverDep, request: Request) -> Response:
+@router.post(
+    "/sample",
+    response_model=SampleResponse,
+    openapi_extra=request_body(SampleRequest),
+    responses=error_responses(400, 409, 413, 415, 422, 503),
+)
+async def create_sample(body: SampleRequestBody, server: DataserverDep, request: Request) -> Response:
     """The batch of prompts for ``iteration`` (or this rank's contiguous share of it).
 
     The first request for an iteration fixes its batch; every later request for it (a retry, another rank,

@@ -41,12 +41,26 @@ META = {
     "seed": 5,
     "sources": [{"name": "add", "kind": "arithmetic", "version": "v1", "size": None, "graders": ["numeric"]}],
     "max_batch_size": 64,
+    "max_grade_items": 100,
+    "max_body_bytes": 65536,
     "version": "0.1.0",
 }
 SAMPLES = {
     "samples": [
-        {"sample_id": "add:v1:0", "dataset_id": "add", "prompt": "1 + 1 = ?", "metadata": {"answer": "2"}},
-        {"sample_id": "add:v1:1", "dataset_id": "add", "system_prompt": "Be brief.", "prompt": "2 + 2 = ?"},
+        {
+            "sample_id": "add:0123456789:0",
+            "slot": 0,
+            "dataset_id": "add",
+            "prompt": "1 + 1 = ?",
+            "metadata": {"answer": "2"},
+        },
+        {
+            "sample_id": "add:0123456789:1",
+            "slot": 1,
+            "dataset_id": "add",
+            "system_prompt": "Be brief.",
+            "prompt": "2 + 2 = ?",
+        },
     ],
     "stage": "warm",
     "stage_index": 0,
@@ -56,8 +70,14 @@ SAMPLES = {
 SHARD = {**SAMPLES, "samples": SAMPLES["samples"][:1], "rank": 0, "world_size": 2}
 GRADES = {
     "results": [
-        {"sample_id": "add:v1:0", "completion_index": 0, "reward": 1.0, "components": {"numeric": 1.0}},
-        {"sample_id": "add:v1:0", "completion_index": 1, "reward": -1.0, "error": "grader timed out", "cached": True},
+        {"sample_id": "add:0123456789:0", "completion_index": 0, "reward": 1.0, "components": {"numeric": 1.0}},
+        {
+            "sample_id": "add:0123456789:0",
+            "completion_index": 1,
+            "reward": -1.0,
+            "error": "grader timed out",
+            "cached": True,
+        },
     ]
 }
 CURRICULUM = {
@@ -112,13 +132,22 @@ def fail(exc_type: type[httpx.TransportError]) -> Step:
 
 
 class Script:
-    """A MockTransport handler that plays its steps in order (the last one forever) and records each request."""
+    """A MockTransport handler that plays its steps in order (the last one forever) and records each request.
 
-    def __init__(self, *steps: Step) -> None:
+    With ``meta``, ``GET /meta`` is answered with ``META`` off the script (``meta_calls`` counts them): the
+    client reads the server's limits from it once, before its first ``/grade``.
+    """
+
+    def __init__(self, *steps: Step, meta: bool = False) -> None:
         self.steps = list(steps)
         self.requests: list[httpx.Request] = []
+        self.meta = meta
+        self.meta_calls = 0
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.meta and request.url.path == "/meta":
+            self.meta_calls += 1
+            return httpx.Response(200, json=META)
         self.requests.append(request)
         step = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
         return step(request)
@@ -163,12 +192,15 @@ def connect(delays: list[float]) -> Iterator[Callable[..., ProctorClient]]:
 
 # --- routes, bodies and typed results ---------------------------------------------------------------------
 
-ITEMS = [GradeItem(sample_id="add:v1:0", completion="2"), GradeItem(sample_id="add:v1:0", completion="3")]
-INDEXED = [GradeItem(sample_id="add:v1:0", completion="2", completion_index=1, completion_tokens=7)]
+ITEMS = [
+    GradeItem(sample_id="add:0123456789:0", completion="2"),
+    GradeItem(sample_id="add:0123456789:0", completion="3"),
+]
+INDEXED = [GradeItem(sample_id="add:0123456789:0", completion="2", completion_index=1, completion_tokens=7)]
 
 ROUTES = [
     # (call, method, path, body sent (None: no body), answer, model)
-    pytest.param(lambda c: c.meta(), "GET", "/meta", None, META, Meta, id="meta"),
+    pytest.param(lambda c: c.meta(), "GET", "/meta", None, META | {"seed": 6}, Meta, id="meta"),
     pytest.param(
         lambda c: c.sample(3, 2),
         "POST",
@@ -191,7 +223,12 @@ ROUTES = [
         lambda c: c.grade(ITEMS),
         "POST",
         "/grade",
-        {"items": [{"sample_id": "add:v1:0", "completion": "2"}, {"sample_id": "add:v1:0", "completion": "3"}]},
+        {
+            "items": [
+                {"sample_id": "add:0123456789:0", "completion": "2"},
+                {"sample_id": "add:0123456789:0", "completion": "3"},
+            ]
+        },
         GRADES,
         GradeResponse,
         id="grade",
@@ -202,7 +239,9 @@ ROUTES = [
         "/grade",
         {
             "iteration": 3,
-            "items": [{"sample_id": "add:v1:0", "completion": "2", "completion_tokens": 7, "completion_index": 1}],
+            "items": [
+                {"sample_id": "add:0123456789:0", "completion": "2", "completion_tokens": 7, "completion_index": 1}
+            ],
         },
         GRADES,
         GradeResponse,
@@ -223,7 +262,7 @@ def test_each_method_hits_its_route_and_returns_the_typed_model(
     payload: dict[str, Any],
     model: type[pydantic.BaseModel],
 ) -> None:
-    script = Script(answer(200, payload))
+    script = Script(answer(200, payload), meta=path == "/grade")
     result = call(connect(script))
 
     assert type(result) is model
@@ -238,10 +277,32 @@ def test_each_method_hits_its_route_and_returns_the_typed_model(
         assert json.loads(request.content) == sent
 
 
+def test_a_grade_beyond_the_servers_limits_is_sent_in_parts(connect: Callable[..., ProctorClient]) -> None:
+    def echo(request: httpx.Request) -> httpx.Response:
+        items = json.loads(request.content)["items"]
+        return httpx.Response(200, json={"results": [{**i, "reward": float(i["completion_index"])} for i in items]})
+
+    script = Script(echo, meta=True)
+    client = connect(script)
+    # META allows 100 items and 65,536 bytes per request: 250 short items take 3 requests, in order.
+    many = [GradeItem(sample_id="add:0123456789:0", completion="2", completion_index=k) for k in range(250)]
+    results = client.grade(many, iteration=4).results
+    assert [r.completion_index for r in results] == list(range(250))
+    assert [len(json.loads(r.content)["items"]) for r in script.requests] == [100, 100, 50]
+    assert all(json.loads(r.content)["iteration"] == 4 for r in script.requests)
+    # 20 completions of 10,000 characters: by bytes, 6 per request at most.
+    script.requests.clear()
+    long = [GradeItem(sample_id="add:0123456789:1", completion="x" * 10_000, completion_index=k) for k in range(20)]
+    assert [r.completion_index for r in client.grade(long).results] == list(range(20))
+    sizes = [len(r.content) for r in script.requests]
+    assert len(sizes) == 4 and max(sizes) <= 65_536
+    assert script.meta_calls == 1  # read once, on the first /grade
+
+
 def test_sample_results_keep_their_fields(connect: Callable[..., ProctorClient]) -> None:
     batch = connect(Script(answer(200, SAMPLES))).sample(3, 2)
 
-    assert [s.sample_id for s in batch.samples] == ["add:v1:0", "add:v1:1"]
+    assert [s.sample_id for s in batch.samples] == ["add:0123456789:0", "add:0123456789:1"]
     assert batch.samples[0].metadata == {"answer": "2"}
     assert batch.samples[1].system_prompt == "Be brief."
     assert (batch.iteration, batch.batch_size, batch.rank, batch.world_size) == (3, 2, None, None)
@@ -334,7 +395,9 @@ def test_transport_errors_past_the_retries_raise_transport_error(
 def test_retryable_statuses_are_retried_until_an_answer(
     connect: Callable[..., ProctorClient], delays: list[float], status: int
 ) -> None:
-    script = Script(answer(status, {"detail": "busy"}), answer(status, {"detail": "busy"}), answer(200, GRADES))
+    script = Script(
+        answer(status, {"detail": "busy"}), answer(status, {"detail": "busy"}), answer(200, GRADES), meta=True
+    )
     results = connect(script, retries=2).grade(ITEMS, iteration=0)
 
     assert results == GradeResponse.model_validate(GRADES)

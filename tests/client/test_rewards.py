@@ -1,4 +1,4 @@
-"""remote_reward: matching by (sample_id, completion_index), errors, metrics, and a failing /grade."""
+"""remote_reward: matching by (slot, completion_index), errors, metrics, and a failing /grade."""
 
 from __future__ import annotations
 
@@ -13,6 +13,23 @@ import pytest
 from proctor.client import ProctorClient, ServerFailure, remote_reward
 
 
+def with_meta(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.MockTransport:
+    """A transport that answers ``GET /meta`` (the client reads its limits before the first /grade)."""
+    meta = {
+        "total_iterations": 30,
+        "stages": [{"name": "s", "until_step": 30}],
+        "curriculum": "c",
+        "curriculum_hash": "0",
+        "seed": 0,
+        "sources": [],
+        "max_batch_size": 64,
+        "max_grade_items": 4096,
+        "max_body_bytes": 4 << 20,
+        "version": "0",
+    }
+    return httpx.MockTransport(lambda r: httpx.Response(200, json=meta) if r.url.path == "/meta" else handler(r))
+
+
 @pytest.fixture
 def client(live_server: Callable[..., AbstractContextManager[str]]) -> Iterator[ProctorClient]:
     with live_server() as url, ProctorClient(url) as c:
@@ -23,6 +40,7 @@ def columns(client: ProctorClient, iteration: int = 0, generations: int = 2) -> 
     samples = client.sample(iteration, 2).samples
     return {
         "sample_id": [s.sample_id for s in samples for _ in range(generations)],
+        "slot": [s.slot for s in samples for _ in range(generations)],
         "completion_index": [k for _ in samples for k in range(generations)],
         "iteration": [iteration] * (len(samples) * generations),
         "expressions": [s.metadata["expression"] for s in samples for _ in range(generations)],
@@ -59,18 +77,24 @@ def test_conversational_completions_and_token_counts() -> None:
             200,
             json={
                 "results": [
-                    {"sample_id": i["sample_id"], "completion_index": i["completion_index"], "reward": 1.0}
+                    {
+                        "sample_id": i["sample_id"],
+                        "slot": i["slot"],
+                        "completion_index": i["completion_index"],
+                        "reward": 1.0,
+                    }
                     for i in items
                 ]
             },
         )
 
-    client = ProctorClient("http://proctor.test", transport=httpx.MockTransport(handler))
+    client = ProctorClient("http://proctor.test", transport=with_meta(handler))
     rewards = remote_reward(client)(
         prompts=[[{"role": "user", "content": "q"}]] * 2,
         completions=[[{"role": "assistant", "content": "four"}], [{"role": "assistant", "content": "4"}]],
         completion_ids=[[5, 6, 7], [8]],
         sample_id=["s:0123456789:1", "s:0123456789:1"],
+        slot=[0, 0],
         completion_index=[0, 1],
         iteration=[7, 7],
     )
@@ -85,6 +109,7 @@ def test_results_are_matched_by_key_not_position() -> None:
         results = [
             {
                 "sample_id": i["sample_id"],
+                "slot": i["slot"],
                 "completion_index": i["completion_index"],
                 "reward": float(i["completion_index"]),
             }
@@ -92,15 +117,41 @@ def test_results_are_matched_by_key_not_position() -> None:
         ]
         return httpx.Response(200, json={"results": results})
 
-    client = ProctorClient("http://proctor.test", transport=httpx.MockTransport(handler))
+    client = ProctorClient("http://proctor.test", transport=with_meta(handler))
     rewards = remote_reward(client)(
         prompts=["p"] * 3,
         completions=["a", "b", "c"],
         sample_id=["s:0123456789:1"] * 3,
+        slot=[4, 4, 4],
         completion_index=[0, 1, 2],
         iteration=[0, 0, 0],
     )
     assert rewards == [0.0, 1.0, 2.0]
+
+
+def test_a_record_in_two_slots_is_two_prompts() -> None:
+    # A source smaller than the batch serves one record twice: the same sample_id and completion_index under
+    # two slots, each graded and matched on its own.
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        items = json.loads(request.content)["items"]
+        sent.extend(items)
+        return httpx.Response(
+            200, json={"results": [{**i, "reward": float(i["slot"] * 10 + i["completion_index"])} for i in items]}
+        )
+
+    client = ProctorClient("http://proctor.test", transport=with_meta(handler))
+    rewards = remote_reward(client)(
+        prompts=["p"] * 4,
+        completions=["a", "b", "c", "d"],
+        sample_id=["s:0123456789:1"] * 4,
+        slot=[0, 0, 1, 1],
+        completion_index=[0, 1, 0, 1],
+        iteration=[3] * 4,
+    )
+    assert rewards == [0.0, 1.0, 10.0, 11.0]
+    assert [(i["slot"], i["completion_index"]) for i in sent] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 @pytest.mark.parametrize(("on_error", "expected"), [("skip", [None, 1.0]), ("server", [-1.0, 1.0])])
@@ -110,18 +161,19 @@ def test_a_grading_error_is_never_an_invented_reward(on_error: Any, expected: li
             200,
             json={
                 "results": [
-                    {"sample_id": "s:0123456789:1", "completion_index": 0, "reward": -1.0, "error": "boom: failed"},
-                    {"sample_id": "s:0123456789:1", "completion_index": 1, "reward": 1.0},
+                    {"sample_id": "s:0123456789:1", "slot": 0, "completion_index": 0, "reward": -1.0, "error": "boom"},
+                    {"sample_id": "s:0123456789:1", "slot": 0, "completion_index": 1, "reward": 1.0},
                 ]
             },
         )
 
-    client = ProctorClient("http://proctor.test", transport=httpx.MockTransport(handler))
+    client = ProctorClient("http://proctor.test", transport=with_meta(handler))
     metrics: list[tuple[str, float]] = []
     rewards = remote_reward(client, on_error=on_error)(
         prompts=["p"] * 2,
         completions=["a", "b"],
         sample_id=["s:0123456789:1"] * 2,
+        slot=[0, 0],
         completion_index=[0, 1],
         iteration=[0, 0],
         log_metric=lambda n, v: metrics.append((n, v)),
@@ -137,23 +189,31 @@ def test_a_failing_grade_raises_after_the_retries() -> None:
         attempts.append(1)
         return httpx.Response(503, json={"detail": "state file stopped accepting writes"})
 
-    client = ProctorClient(
-        "http://proctor.test", transport=httpx.MockTransport(handler), retries=2, sleep=lambda s: None
-    )
+    client = ProctorClient("http://proctor.test", transport=with_meta(handler), retries=2, sleep=lambda s: None)
     with pytest.raises(ServerFailure, match="state file stopped accepting writes"):
         remote_reward(client)(
-            prompts=["p"], completions=["a"], sample_id=["s:0123456789:1"], completion_index=[0], iteration=[0]
+            prompts=["p"],
+            completions=["a"],
+            sample_id=["s:0123456789:1"],
+            slot=[0],
+            completion_index=[0],
+            iteration=[0],
         )
     assert len(attempts) == 3
 
 
 def test_a_missing_result_is_an_error_not_a_zero() -> None:
     client = ProctorClient(
-        "http://proctor.test", transport=httpx.MockTransport(lambda r: httpx.Response(200, json={"results": []}))
+        "http://proctor.test", transport=with_meta(lambda r: httpx.Response(200, json={"results": []}))
     )
-    with pytest.raises(RuntimeError, match=r"/grade returned no result for \('s:0123456789:1', 0\)"):
+    with pytest.raises(RuntimeError, match=r"/grade returned no result for slot 0 \('s:0123456789:1'\), completion 0"):
         remote_reward(client)(
-            prompts=["p"], completions=["a"], sample_id=["s:0123456789:1"], completion_index=[0], iteration=[0]
+            prompts=["p"],
+            completions=["a"],
+            sample_id=["s:0123456789:1"],
+            slot=[0],
+            completion_index=[0],
+            iteration=[0],
         )
 
 
@@ -182,7 +242,7 @@ def test_with_the_dataset_the_next_prompts_are_fetched_while_grading(client: Pro
     reward(
         prompts=[r["prompt"] for r in rows],
         completions=["1", "2", "3", "4"],
-        **{k: [r[k] for r in rows] for k in ("sample_id", "completion_index", "iteration")},
+        **{k: [r[k] for r in rows] for k in ("sample_id", "slot", "completion_index", "iteration")},
     )
     ds.fetcher._pool.submit(lambda: None).result()  # the prefetch thread has run what was queued
     assert ds.requested == [0, 1, 2]

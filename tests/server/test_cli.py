@@ -69,3 +69,15 @@ def test_serve_refuses_a_bad_setting(monkeypatch: pytest.MonkeyPatch, capsys: py
     monkeypatch.setenv("PROCTOR_MAX_BATCH_SIZE", "lots")
     assert main(["serve", "arithmetic", "--state", ":memory:"]) == 2
     assert "PROCTOR_MAX_BATCH_SIZE (max_batch_size): Input should be a valid integer" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_transitions_file_that_is_not_a_history(
+    tmp_path: Path, curriculum_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    history = tmp_path / "curriculum.json"
+    history.write_text("[]")
+    args = ["serve", str(curriculum_file), "--state", str(tmp_path / "s.db"), "--transitions", str(history)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"proctor serve: --transitions {history}: not a GET /curriculum answer")
+    assert "curl -s $PROCTOR_URL/curriculum > FILE" in err

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from proctor.curricula import builtin_path
-from proctor.server.settings import SettingsError, load_settings
+from proctor.server.settings import Settings, SettingsError, load_settings
 
 
 def test_defaults() -> None:
@@ -63,3 +64,10 @@ def test_an_invalid_value_names_its_variable(
         load_settings()
     assert message in str(info.value)
     assert repr(value) in str(info.value)
+
+
+def test_the_readme_lists_every_setting() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("## Configuration", 1)[1].split("## Command line", 1)[0]
+    listed = set(re.findall(r"^\| `PROCTOR_([A-Z_]+)` \|", table, flags=re.MULTILINE))
+    assert listed == {name.upper() for name in Settings.model_fields}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proctor.server.curriculum.engine import TransitionRecord
-from proctor.server.store import GradeRow, IterationRow, StateMismatchError, Store
+from proctor.server.store import NO_SLOT, GradeRow, IterationRow, StateMismatchError, Store
 
 
 def open_store(path: Path) -> Store:
@@ -17,7 +17,8 @@ def open_store(path: Path) -> Store:
 
 
 def grade_row(key_suffix: int, *, reward: float = 1.0, error: str | None = None, stage: int = 0) -> GradeRow:
-    return GradeRow((0, f"add:0123456789:{key_suffix}", 0, "sha"), stage, "add", reward, {"numeric": reward}, error)
+    key = (0, f"add:0123456789:{key_suffix}", NO_SLOT, 0, "sha")
+    return GradeRow(key, stage, "add", reward, {"numeric": reward}, error)
 
 
 def test_a_state_file_belongs_to_one_curriculum(tmp_path: Path) -> None:
@@ -118,3 +119,61 @@ def test_commits_never_checkpoint_the_service_does_and_close_folds_the_wal(tmp_p
     again = open_store(path)
     assert again.last_iteration() == 1500
     again.close()
+
+
+# The layout version 1 wrote: grades keyed without a slot, no served index.
+SCHEMA_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE iterations (iteration INTEGER PRIMARY KEY, batch_size INTEGER NOT NULL, stage INTEGER NOT NULL,
+    samples TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE TABLE transitions (seq INTEGER PRIMARY KEY, iteration INTEGER NOT NULL, from_stage INTEGER NOT NULL,
+    to_stage INTEGER NOT NULL, reason TEXT NOT NULL, rolling_reward REAL, rolling_count INTEGER,
+    created_at REAL NOT NULL);
+CREATE TABLE grades (seq INTEGER PRIMARY KEY, iteration INTEGER NOT NULL, sample_id TEXT NOT NULL,
+    completion_index INTEGER NOT NULL, completion_sha TEXT NOT NULL, stage INTEGER NOT NULL, source TEXT NOT NULL,
+    reward REAL NOT NULL, components TEXT NOT NULL, error TEXT, created_at REAL NOT NULL,
+    UNIQUE (iteration, sample_id, completion_index, completion_sha));
+CREATE INDEX grades_by_stage ON grades (stage, seq);
+INSERT INTO meta VALUES ('schema_version', '1'), ('curriculum', 'tiny'), ('curriculum_hash', 'abc'), ('seed', '1');
+INSERT INTO iterations VALUES (0, 2, 0, '[{"sample_id": "add:0123456789:0"}, {"sample_id": "add:0123456789:1"}]', 0);
+INSERT INTO iterations VALUES (1, 2, 0, '[{"sample_id": "add:0123456789:1"}, {"sample_id": "add:0123456789:2"}]', 0);
+INSERT INTO grades VALUES (1, 0, 'add:0123456789:0', 0, 'sha', 0, 'add', 0.5, '{"numeric": 0.5}', NULL, 0);
+"""
+
+
+def test_a_version_1_state_file_is_migrated_in_place(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_V1)
+    store = open_store(path)
+    key = (0, "add:0123456789:0", NO_SLOT, 0, "sha")
+    assert store.find_grades([key])[key].reward == 0.5
+    assert store.latest_served(["add:0123456789:0", "add:0123456789:1", "add:0123456789:2", "add:0123456789:3"]) == {
+        "add:0123456789:0": 0,
+        "add:0123456789:1": 1,
+        "add:0123456789:2": 1,
+    }
+    store.close()
+    again = open_store(path)  # reopening a migrated file changes nothing
+    assert again.stage_totals()[0].graded == 1
+    again.close()
+
+
+def test_a_grade_is_keyed_by_its_slot(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    one = grade_row(1)  # no slot
+    other = GradeRow((0, "add:0123456789:1", 5, 0, "sha"), 0, "add", 0.0, {}, None)
+    assert store.insert_grades([one, other]) == ["inserted", "inserted"]
+    assert store.find_grades([other.key])[other.key].reward == 0.0
+    assert store.has_grades(0) and not store.has_grades(1)
+    store.close()
+
+
+def test_the_served_index_keeps_the_latest_iteration(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.db")
+    store.record_iteration(IterationRow(7, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])
+    store.record_iteration(IterationRow(3, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])  # an earlier gap filled
+    assert store.latest_served(["a:0123456789:0"]) == {"a:0123456789:0": 7}
+    store.close()

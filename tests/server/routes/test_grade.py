@@ -155,7 +155,7 @@ async def test_a_stale_sample_id_is_an_error_result_not_a_grade(client: httpx.As
     [
         ([{"sample_id": "nonsense", "completion": "x"}], "items[0].sample_id: malformed sample_id 'nonsense'"),
         ([{"sample_id": "gsm9k:0123456789:1", "completion": "x"}], "items[0].sample_id: unknown source 'gsm9k'"),
-        ([{"sample_id": "", "completion": "x"}], "items[0].sample_id: String should have at least 1 character"),
+        ([{"sample_id": "", "completion": "x"}], "items[0].sample_id: malformed sample_id ''"),
         ([{"sample_id": "add:0123456789:1"}], "items[0].completion: Field required"),
         ([{"sample_id": "add:0123456789:1", "completion": 5}], "items[0].completion: Input should be a valid string"),
         (
@@ -262,3 +262,56 @@ async def test_the_gate_holds_while_rewards_are_poor(client: httpx.AsyncClient) 
         )
     assert (await client.post("/sample", json={"iteration": 4, "batch_size": 4})).json()["stage"] == "warm"
     assert (await client.get("/curriculum")).json()["transitions"] == []
+
+
+async def test_a_record_served_in_two_slots_is_graded_as_two_prompts(client: httpx.AsyncClient) -> None:
+    # Iteration 10 is in stage `main`: 12 of 16 prompts from the 6-row `qa` source, so records must repeat.
+    samples = await sample(client, 10, batch_size=16)
+    slots: dict[str, list[int]] = {}
+    for s in samples:
+        slots.setdefault(s["sample_id"], []).append(s["slot"])
+    assert [s["slot"] for s in samples] == list(range(16))
+    sid, (first, second, *_) = next((k, v) for k, v in slots.items() if len(v) > 1)
+    right = answer(next(s for s in samples if s["sample_id"] == sid))
+    items = [
+        {"sample_id": sid, "slot": first, "completion": right, "completion_index": 0},
+        {"sample_id": sid, "slot": second, "completion": "wrong", "completion_index": 0},
+    ]
+    results = await grade(client, items, iteration=10)
+    assert [(r["slot"], r["completion_index"], r["reward"]) for r in results] == [(first, 0, 1.0), (second, 0, 0.0)]
+    again = await grade(client, items, iteration=10)
+    assert [r["cached"] for r in again] == [True, True]
+    assert [r["reward"] for r in again] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("item", "extra", "message"),
+    [
+        ({"slot": 99}, {"iteration": 0}, "items[0].slot: iteration 0 has 4 slots (0..3), not 99"),
+        ({"slot": 1}, {"iteration": 0}, "items[0].slot: slot 1 of iteration 0 holds"),
+        ({"slot": 0}, {}, "items[0].slot is a position in one iteration's batch: send the request's iteration too"),
+        ({"slot": 0}, {"iteration": 500}, "iteration: iteration 500 was never sampled by this server"),
+        ({"slot": -1}, {"iteration": 0}, "items[0].slot: Input should be greater than or equal to 0; got -1"),
+        ({"slot": "0"}, {"iteration": 0}, 'items[0].slot: Input should be a JSON integer; got "0"'),
+    ],
+    ids=["out-of-range", "another-record", "no-iteration", "iteration-never-sampled", "negative", "string"],
+)
+async def test_bad_slots(client: httpx.AsyncClient, item: dict[str, Any], extra: dict[str, Any], message: str) -> None:
+    [s, *_] = await sample(client, 0)
+    assert s["slot"] == 0
+    body = {"items": [{"sample_id": s["sample_id"], "completion": "1", **item}], **extra}
+    response = await client.post("/grade", json=body)
+    assert response.status_code == 422
+    assert message in response.json()["detail"]
+
+
+async def test_the_same_slot_and_index_twice_is_422(client: httpx.AsyncClient) -> None:
+    [s, *_] = await sample(client, 0)
+    item = {"sample_id": s["sample_id"], "slot": 0, "completion_index": 0}
+    response = await client.post(
+        "/grade", json={"iteration": 0, "items": [{**item, "completion": "1"}, {**item, "completion": "2"}]}
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith(
+        "items[1]: (slot, completion_index) = (0, 0) already appears at items[0]"
+    )
