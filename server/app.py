@@ -56,7 +56,7 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
             settings.grader_workers,
         )
         try:
-            yield {"dataserver": server, "settings": settings}
+            yield {"dataserver": server}
         finally:
             await server.close()
             log.info("stopped: grader processes ended, state %s closed", settings.state)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from proctor.server.service import Dataserver
-from proctor.server.settings import Settings
 
-__all__ = ["DataserverDep", "SettingsDep", "json_body"]
+__all__ = ["DataserverDep", "json_body"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -24,13 +24,7 @@ async def get_dataserver(request: Request) -> Dataserver:
     return server
 
 
-async def get_settings(request: Request) -> Settings:
-    settings: Settings = request.state.settings
-    return settings
-
-
 DataserverDep = Annotated[Dataserver, Depends(get_dataserver)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
 def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
@@ -42,7 +36,11 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
     """
 
     async def parse(request: Request) -> M:
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:
+            # Gone before its body arrived (or cut off by the body deadline): nobody is left to answer.
+            raise HTTPException(400, "body: the client disconnected before sending it whole") from None
         try:
             return model.model_validate_json(raw)
         except ValidationError as exc:

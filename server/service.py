@@ -51,21 +51,23 @@ T = TypeVar("T")
 
 
 async def _paced(items: Sequence[T]) -> AsyncIterator[T]:
-    """``items``, handing the event loop back every ``_PACE`` of them."""
-    for start in range(0, len(items), _PACE):
-        if start:
+    """``items``, handing the event loop back whenever ``_PACE_S`` has passed since it last had it."""
+    turn = time.perf_counter()
+    for item in items:
+        yield item
+        if time.perf_counter() - turn > _PACE_S:
             await asyncio.sleep(0)
-        for item in items[start : start + _PACE]:
-            yield item
+            turn = time.perf_counter()
 
 
 _DEFAULT_WINDOW = 64  # rolling window shown for stages without a gate
 # One compact encoder: json.dumps(..., ensure_ascii=False) builds one per call.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _CHECKPOINT_EVERY_S = 0.5
-# Per-item work on a large /grade is done this many items at a time, with the event loop free in between, so
-# that no request holds the loop for long whatever its size.
-_PACE = 256
+# Per-item work on a large request hands the event loop back this often, so that no request holds it for
+# long whatever its size. A request needs several turns of the loop to be answered, so the turns are short.
+_PACE_S = 0.002
+_PACE = 256  # grades stored per transaction
 _WAL_RESTART_FRAMES = 8192  # 32 MiB of 4 KiB pages
 
 
@@ -96,14 +98,15 @@ class _Batch:
 
     @classmethod
     def of(cls, row: IterationRow, curriculum: Curriculum) -> _Batch:
-        # The slot is the sample's position, so it is added here rather than stored (state files of
-        # earlier versions have none).
-        encoded = tuple(
-            _JSON.encode({"sample_id": s["sample_id"], "slot": slot, **s}).encode()
-            for slot, s in enumerate(row.samples)
-        )
+        encoded = tuple(_encode_sample(slot, s) for slot, s in enumerate(row.samples))
         ids = tuple(s["sample_id"] for s in row.samples)
         return cls(row.iteration, row.batch_size, row.stage, curriculum.stages[row.stage].name, encoded, ids)
+
+
+def _encode_sample(slot: int, sample: dict[str, Any]) -> bytes:
+    # The slot is the sample's position, so it is added here rather than stored (state files of earlier
+    # versions have none).
+    return _JSON.encode({"sample_id": sample["sample_id"], "slot": slot, **sample}).encode()
 
 
 @dataclass(slots=True)
@@ -274,7 +277,7 @@ class Dataserver:
                         batch = _Batch.of(row, self.curriculum)
                         self._cache_put(batch)
                 if batch is None:
-                    batch, committed = self._new_iteration(req.iteration, req.batch_size)
+                    batch, committed = await self._new_iteration(req.iteration, req.batch_size)
         if committed is not None:
             # Nobody gets a batch before it is on disk: the answer must survive a crash.
             try:
@@ -302,7 +305,7 @@ class Dataserver:
         )
         return b'{"samples":[' + b",".join(samples) + b"]," + tail[1:].encode()
 
-    def _new_iteration(self, iteration: int, batch_size: int) -> tuple[_Batch, asyncio.Future[None]]:
+    async def _new_iteration(self, iteration: int, batch_size: int) -> tuple[_Batch, asyncio.Future[None]]:
         """Decide and draw a new iteration, and start storing it.
 
         Memory moves first and the write follows (at once with ``synchronous=NORMAL``; on the store thread
@@ -316,8 +319,16 @@ class Dataserver:
         self.schedule.apply(transitions)
         stage = self.schedule.stage_of(iteration)
         picks = self.mixer.draw(iteration, batch_size, self.schedule.stage_of)
-        row = IterationRow(iteration, batch_size, stage, [self._sample_dict(source, key) for source, key in picks])
-        batch = _Batch.of(row, self.curriculum)
+        # Records are built and encoded a slice at a time (a generated one costs tens of microseconds); the
+        # sample lock is held meanwhile, so every other request for a new iteration waits for this one.
+        samples: list[dict[str, Any]] = []
+        encoded: list[bytes] = []
+        async for source, key in _paced(picks):
+            samples.append(self._sample_dict(source, key))
+            encoded.append(_encode_sample(len(encoded), samples[-1]))
+        row = IterationRow(iteration, batch_size, stage, samples)
+        stage_name = self.curriculum.stages[stage].name
+        batch = _Batch(iteration, batch_size, stage, stage_name, tuple(encoded), tuple(s["sample_id"] for s in samples))
         samples_json = "[" + ",".join(s.decode() for s in batch.samples) + "]"
         committed = self._quick(self.store.record_iteration, row, transitions, samples_json=samples_json)
         self._pending[iteration] = (batch, committed)
@@ -330,7 +341,6 @@ class Dataserver:
         stats = self._stats[stage]
         stats.iterations += 1
         stats.samples += batch_size
-        stage_name = self.curriculum.stages[stage].name
         for source, count in Counter(source for source, _ in picks).items():
             self.metrics.samples.labels(stage_name, source).inc(count)
         self.metrics.last_iteration.set(self.last_iteration)

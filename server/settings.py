@@ -47,11 +47,11 @@ class Settings(BaseSettings):
         default=None, description="When set, every route but /healthz needs `Authorization: Bearer <key>`."
     )
     max_batch_size: int = Field(default=4096, ge=1, description="Largest batch_size /sample accepts.")
-    # The defaults bound what one request costs on the event loop (about 0.1 s for the worst body of the largest
-    # size); ProctorClient splits a larger /grade into requests within them.
+    # The defaults bound what one request costs on the event loop (tens of milliseconds for the worst body of
+    # the largest size, `python -m bench event_loop`); ProctorClient splits a larger /grade to fit them.
     max_grade_items: int = Field(default=4096, ge=1, description="Most items one /grade request may carry.")
     max_completion_chars: int = Field(default=200_000, ge=1, description="Longest completion /grade accepts.")
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Largest request body (413).")
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, description="Largest request body (413).")
     grader_workers: int = Field(default_factory=default_workers, ge=1, description="Grader processes.")
     grader_timeout_s: float = Field(default=10.0, gt=0, description="Time limit to grade one completion.")
     sample_cache: int = Field(default=256, ge=0, description="Recent iterations kept in memory for repeats.")

@@ -85,7 +85,7 @@ class Recorder:
         self.__name__ = "proctor_reward"
 
     def __call__(self, **kwargs: Any) -> list[float | None]:
-        self.calls.append({k: list(kwargs[k]) for k in ("sample_id", "completion_index", "iteration")})
+        self.calls.append({k: list(kwargs[k]) for k in ("sample_id", "slot", "completion_index", "iteration")})
         return self.fn(**kwargs)
 
 
@@ -205,3 +205,38 @@ def test_the_batching_trainer_against_the_dataserver(
     assert [c["iteration"][0] for c in result["calls"]] == list(range(STEPS))
     assert result["changed"]
     assert [(t["iteration"], t["to_stage"]) for t in state["transitions"]] == [(2, "hard")]
+
+
+@pytest.mark.parametrize("rows", [2, 5], ids=["fewer-rows-than-the-batch", "more-rows-than-the-batch"])
+def test_a_source_smaller_than_a_few_batches_trains(
+    live_server: Callable[..., Any], tiny_model: Path, tmp_path: Path, rows: int
+) -> None:
+    # 3 prompts × 2 completions per step from a JSONL source of `rows` records: with 2 rows every step repeats
+    # one; with 5, batches straddle epoch boundaries. Either way each prompt is its own slot.
+    folder = tmp_path / "small"
+    folder.mkdir()
+    (folder / "graders.py").write_text(GRADERS)
+    (folder / "rows.jsonl").write_text("".join(f'{{"prompt": "Say {i}", "answer": "{i}"}}\n' for i in range(rows)))
+    doc = {
+        "name": "small",
+        "seed": 2,
+        "sources": {"rows": {"path": "rows.jsonl", "graders": ["length"]}},
+        "graders": {"length": {"python": "./graders.py:length"}},
+        "stages": [{"name": "only", "until_step": 100, "mix": [{"source": "rows"}]}],
+    }
+    (folder / "small.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    config = grpo_config(
+        tmp_path, per_device_train_batch_size=6, gradient_accumulation_steps=1, num_generations=2, max_steps=8
+    )
+    with live_server(curriculum=folder / "small.yaml") as url:
+        result = train(url, tiny_model, config)
+        state = httpx.get(url + "/curriculum").json()
+    assert len(result["calls"]) == 8
+    for call in result["calls"]:
+        assert call["slot"] == [0, 0, 1, 1, 2, 2]
+        assert call["completion_index"] == [0, 1] * 3
+        if rows >= 3:
+            assert len(set(call["sample_id"])) == 3  # no record twice in a batch while the source has enough
+    repeated = [c for c in result["calls"] if len(set(c["sample_id"])) < 3]
+    assert (len(repeated) == 8) if rows == 2 else not repeated
+    assert state["stages"][0]["graded"] == 8 * 6  # every completion of every slot graded once

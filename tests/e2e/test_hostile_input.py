@@ -320,7 +320,7 @@ def test_an_oversized_body_is_413_before_it_is_read(http: httpx.Client) -> None:
     response = send(http, "/grade", body)
     assert response.status_code == 413
     assert detail(response).startswith("body: ")
-    assert "above this server's limit of 4194304 bytes (PROCTOR_MAX_BODY_BYTES)" in detail(response)
+    assert "above this server's limit of 2097152 bytes (PROCTOR_MAX_BODY_BYTES)" in detail(response)
 
 
 def test_an_oversized_chunked_body_is_413(http: httpx.Client) -> None:
