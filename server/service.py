@@ -50,6 +50,17 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+_DEFAULT_WINDOW = 64  # rolling window shown for stages without a gate
+# One compact encoder: json.dumps(..., ensure_ascii=False) builds one per call.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_CHECKPOINT_EVERY_S = 0.5
+# Per-item work on a large request hands the event loop back this often, so that no request holds it for
+# long whatever its size. A request needs several turns of the loop to be answered, so the turns are short.
+_PACE_S = 0.002
+_GRADES_PER_COMMIT = 256
+_WAL_RESTART_FRAMES = 8192  # 32 MiB of 4 KiB pages
+
+
 async def _paced(items: Sequence[T]) -> AsyncIterator[T]:
     """``items``, handing the event loop back whenever ``_PACE_S`` has passed since it last had it."""
     turn = time.perf_counter()
@@ -58,17 +69,6 @@ async def _paced(items: Sequence[T]) -> AsyncIterator[T]:
         if time.perf_counter() - turn > _PACE_S:
             await asyncio.sleep(0)
             turn = time.perf_counter()
-
-
-_DEFAULT_WINDOW = 64  # rolling window shown for stages without a gate
-# One compact encoder: json.dumps(..., ensure_ascii=False) builds one per call.
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-_CHECKPOINT_EVERY_S = 0.5
-# Per-item work on a large request hands the event loop back this often, so that no request holds it for
-# long whatever its size. A request needs several turns of the loop to be answered, so the turns are short.
-_PACE_S = 0.002
-_PACE = 256  # grades stored per transaction
-_WAL_RESTART_FRAMES = 8192  # 32 MiB of 4 KiB pages
 
 
 @dataclass(slots=True)
@@ -95,6 +95,11 @@ class _Batch:
     stage_name: str
     samples: tuple[bytes, ...]
     sample_ids: tuple[str, ...]  # by slot
+
+    @property
+    def size(self) -> int:
+        """Bytes of encoded samples, what the sample cache counts."""
+        return sum(map(len, self.samples))
 
     @classmethod
     def of(cls, row: IterationRow, curriculum: Curriculum) -> _Batch:
@@ -153,6 +158,7 @@ class Dataserver:
             _StageStats(deque(maxlen=s.advance.window if s.advance else _DEFAULT_WINDOW)) for s in curriculum.stages
         ]
         self._cache: OrderedDict[int, _Batch] = OrderedDict()
+        self._cache_bytes = 0
         self._sample_lock = asyncio.Lock()
         # Iterations decided but not yet committed, with the write that commits them.
         self._pending: dict[int, tuple[_Batch, asyncio.Future[None]]] = {}
@@ -384,12 +390,14 @@ class Dataserver:
         return batch
 
     def _cache_put(self, batch: _Batch) -> None:
-        if self.settings.sample_cache == 0:
+        s = self.settings
+        if s.sample_cache == 0 or batch.iteration in self._cache:
             return
         self._cache[batch.iteration] = batch
-        self._cache.move_to_end(batch.iteration)
-        while len(self._cache) > self.settings.sample_cache:
-            self._cache.popitem(last=False)
+        self._cache_bytes += batch.size
+        # Bounded in count and in bytes: a batch of long prompts may be megabytes.
+        while self._cache and (len(self._cache) > s.sample_cache or self._cache_bytes > s.sample_cache_bytes):
+            self._cache_bytes -= self._cache.popitem(last=False)[1].size
 
     # --- grade ------------------------------------------------------------------------------------------
 
@@ -419,8 +427,8 @@ class Dataserver:
         raced: set[GradeKey] = set()
         # Stored (and counted) a slice at a time; each grade is idempotent, so a slice is a unit of its own.
         pending = list(rows.values())
-        for start in range(0, len(pending), _PACE):
-            part = pending[start : start + _PACE]
+        for start in range(0, len(pending), _GRADES_PER_COMMIT):
+            part = pending[start : start + _GRADES_PER_COMMIT]
             outcome = await self._store_grades(part)
             raced.update(row.key for row, status in zip(part, outcome, strict=True) if status == "exists")
             self._count(

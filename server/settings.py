@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     grader_workers: int = Field(default_factory=default_workers, ge=1, description="Grader processes.")
     grader_timeout_s: float = Field(default=10.0, gt=0, description="Time limit to grade one completion.")
     sample_cache: int = Field(default=256, ge=0, description="Recent iterations kept in memory for repeats.")
+    sample_cache_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=0, description="Most bytes of encoded samples those iterations may hold."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field(default="text", description="Log lines as text or as JSON objects.")
     shutdown_timeout_s: float = Field(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -156,3 +157,13 @@ async def test_full_sync_writes_through_the_store_thread(open_client: Callable[.
     async with open_client(state=str(tmp_path / "s.db")) as c:
         assert (await sample(c, iteration=0, batch_size=4)) == first
         assert (await c.get("/curriculum")).json()["stages"][0]["graded"] == 4
+
+
+@pytest.mark.parametrize("budget", [0, 3000, 10**9], ids=["nothing-cached", "a-batch-or-so", "all-cached"])
+async def test_repeats_are_the_same_whatever_the_cache_holds(
+    open_client: Callable[..., Any], tmp_path: Path, budget: int
+) -> None:
+    async with open_client(state=str(tmp_path / "s.db"), sample_cache_bytes=budget) as client:
+        first = [(await client.post("/sample", json={"iteration": i, "batch_size": 8})).json() for i in range(6)]
+        again = [(await client.post("/sample", json={"iteration": i, "batch_size": 8})).json() for i in range(6)]
+    assert again == first
