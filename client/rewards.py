@@ -5,7 +5,8 @@ columns as keyword lists. This one posts them to ``/grade``, one request per gen
 since a generation batch is one step), and returns the rewards matched by ``(slot, completion_index)``: a
 record that a small source had to serve twice in one step is two prompts, each graded on its own. It never
 invents a reward: a failed ``/grade`` raises (after the client's retries), and a completion whose grading
-failed on the server becomes ``None``, which TRL leaves out of the advantage, unless ``on_error="server"`` asks for the source's ``on_error`` reward instead.
+failed on the server becomes ``None``, which TRL leaves out of the advantage, unless ``on_error="server"``
+asks for the source's ``on_error`` reward instead.
 """
 
 from __future__ import annotations

@@ -266,7 +266,9 @@ MALFORMED = [
     pytest.param(b"{", 400, "body: malformed JSON", id="truncated"),
     pytest.param(b"\xff\xfe{}", 400, "body: malformed JSON", id="not-utf8"),
     pytest.param(b'{"iteration": 1e400, "batch_size": 4}', 422, "iteration: Input should be a JSON integer", id="inf"),
-    pytest.param(b'{"iteration": NaN, "batch_size": 4}', 422, "iteration: Input should be a JSON integer; got NaN", id="nan"),
+    pytest.param(
+        b'{"iteration": NaN, "batch_size": 4}', 422, "iteration: Input should be a JSON integer; got NaN", id="nan"
+    ),
     pytest.param(b"[" * 100_000 + b"]" * 100_000, 400, "body: malformed JSON", id="deeply-nested"),
     pytest.param(b"[]", 422, "body: Input should be an object", id="a-list"),
     pytest.param(b"null", 422, "body: Input should be an object", id="null"),

@@ -253,7 +253,9 @@ def raw_stream(mixer: Mixer, source: str, size: int, positions: range) -> list[i
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 40), batch_size=st.integers(1, 48), iterations=st.integers(1, 30), offset=st.integers(0, 10**12))
+@given(
+    n=st.integers(1, 40), batch_size=st.integers(1, 48), iterations=st.integers(1, 30), offset=st.integers(0, 10**12)
+)
 def test_no_record_repeats_inside_a_batch_while_the_source_has_rows_enough(
     finite: Callable[[int], Curriculum], n: int, batch_size: int, iterations: int, offset: int
 ) -> None:
