@@ -14,6 +14,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+import torch.distributed
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
@@ -49,6 +50,10 @@ def main(url: str, model: str, out: str, steps: int) -> None:
     client.close()
     record = {"rank": config.process_index, "world": config.world_size, "requested": dataset.requested, "calls": calls}
     Path(out, f"rank{config.process_index}.json").write_text(json.dumps(record))
+    # Left to interpreter exit, the process group's threads are destroyed while still joinable, and the C++
+    # runtime aborts the process ("terminate called without an active exception"), now and then under load.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
