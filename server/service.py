@@ -2,7 +2,9 @@
 
 Routes are thin: they validate the wire model and call :class:`Dataserver`. Everything here runs on the
 event loop except the graders (worker processes), WAL checkpoints (a thread), and store calls that may be
-slow (a dedicated thread; see :meth:`Dataserver._quick` for which calls run where).
+slow (a dedicated thread; see :meth:`Dataserver._quick` for which calls run where). Work that grows with a
+request's size (records of a large batch, items of a large /grade) hands the event loop back every few
+milliseconds, so that no request keeps the others waiting for long.
 
 Nothing reaches a client before the store has committed it. A new iteration is decided in memory first
 and committed right after, and every request for it waits for that commit; should the commit fail, the
