@@ -11,7 +11,7 @@ filling, the allocator's first arenas) do not count.
 
 Usage::
 
-    python -m bench memory_soak                       # the issue's long run: 100_000 iterations × 512 prompts
+    python -m bench memory_soak                       # the long run: 100_000 iterations × 512 prompts
     python -m bench memory_soak --quick               # 5_000 × 64, about 30 s
     python -m bench memory_soak --iterations 20000 --batch-size 16
     python -m bench                                   # every benchmark; this one at ALL_BENCHMARKS_ARGS
@@ -19,7 +19,7 @@ Usage::
 Sizes: on the 2-core machine it was written on, 10_000 × 512 soaked in 283 s at a steady 35 iterations/s, so
 the full run (100_000 × 512) takes about 47 minutes and leaves a state file of roughly 17 GB in the temp
 directory (about 170 KB per iteration). That is too long for ``python -m bench`` (every benchmark in a row),
-which runs this one at ``ALL_BENCHMARKS_ARGS`` instead: a tenth of it, 10_000 iterations of the issue's 512
+which runs this one at ``ALL_BENCHMARKS_ARGS`` instead: a tenth of it, 10_000 iterations of 512
 prompts (about 5 minutes; every cache the server keeps is full well before the 10% mark).
 ``python -m bench memory_soak`` runs the full size.
 """
@@ -47,7 +47,7 @@ __all__ = ["ALL_BENCHMARKS_ARGS", "Mark", "Soak", "growth", "main", "read_rss_ki
 
 ROOT = Path(__file__).resolve().parents[1]
 CONNECTIONS = 4
-ITERATIONS, BATCH_SIZE = 100_000, 512  # the issue's long run
+ITERATIONS, BATCH_SIZE = 100_000, 512  # a long training run's worth of steps at a realistic batch
 QUICK_ITERATIONS, QUICK_BATCH_SIZE = 5_000, 64
 GRADE_EVERY = 4  # every 4th iteration is graded, one completion per prompt
 MARKS = 20  # RSS readings over the run, besides the one before it

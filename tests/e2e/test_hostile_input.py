@@ -1,6 +1,6 @@
 """Hostile input against a real server: every field of every route at its type's extremes, malformed and
-mistyped bodies, oversized bodies, authentication before the body, and the reproductions of the
-hostile-input report. Each answer must be a 4xx whose detail names the field (or a correct 2xx), come
+mistyped bodies, oversized bodies, authentication before the body, and requests that once hung the
+server or crashed a route. Each answer must be a 4xx whose detail names the field (or a correct 2xx), come
 quickly, and leave the server healthy.
 
 Oversized and too many headers and slow clients are in ``tests/server/test_connection.py``.
@@ -62,7 +62,7 @@ def detail(response: httpx.Response) -> str:
     return text
 
 
-# --- the report's reproductions -------------------------------------------------------------------------
+# --- requests that once hung the server or answered 500 ---------------------------------------------
 
 REPRODUCTIONS = [
     pytest.param(
@@ -125,7 +125,7 @@ REPRODUCTIONS = [
 
 
 @pytest.mark.parametrize(("path", "body", "status", "message"), REPRODUCTIONS)
-def test_reported_requests_get_a_fast_4xx_naming_the_field(
+def test_requests_that_once_failed_get_a_fast_4xx_naming_the_field(
     http: httpx.Client, path: str, body: dict[str, Any], status: int, message: str
 ) -> None:
     response = send(http, path, json.dumps(body).encode())
