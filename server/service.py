@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
@@ -63,7 +63,7 @@ _GRADES_PER_COMMIT = 256
 _WAL_RESTART_FRAMES = 8192  # 32 MiB of 4 KiB pages
 
 
-async def _paced(items: Sequence[T]) -> AsyncIterator[T]:
+async def _paced(items: Iterable[T]) -> AsyncIterator[T]:
     """``items``, handing the event loop back whenever ``_PACE_S`` has passed since it last had it."""
     turn = time.perf_counter()
     for item in items:
@@ -277,13 +277,9 @@ class Dataserver:
         batch, committed = self._pending.get(req.iteration, (self._cache_get(req.iteration), None))
         if batch is None:
             async with self._sample_lock:
-                batch, committed = self._pending.get(req.iteration, (self._cache_get(req.iteration), None))
-                if batch is None and self.last_iteration is not None and req.iteration <= self.last_iteration:
-                    # Only iterations up to the highest one sampled can be in the store.
-                    row = await self._quick(self.store.get_iteration, req.iteration)
-                    if row is not None:
-                        batch = _Batch.of(row, self.curriculum)
-                        self._cache_put(batch)
+                batch, committed = self._pending.get(req.iteration, (None, None))
+                if batch is None:
+                    batch = await self._stored_batch(req.iteration)
                 if batch is None:
                     batch, committed = await self._new_iteration(req.iteration, req.batch_size)
         if committed is not None:
@@ -357,14 +353,30 @@ class Dataserver:
             self._publish_stage_metrics()
         return batch, committed
 
+    async def _stored_batch(self, iteration: int) -> _Batch | None:
+        """A committed iteration: from the cache, or read back from the store (and cached)."""
+        batch = self._cache_get(iteration)
+        # Only iterations up to the highest one sampled can be in the store.
+        if batch is None and self.last_iteration is not None and iteration <= self.last_iteration:
+            row = await self._quick(self.store.get_iteration, iteration)
+            if row is not None:
+                batch = _Batch.of(row, self.curriculum)
+                self._cache_put(batch)
+        return batch
+
     def _on_committed(self, batch: _Batch, fut: asyncio.Future[None]) -> None:
         self._pending.pop(batch.iteration, None)
         exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if exc is None:
             self._cache_put(batch)
             return
+        self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> str:
+        """Stop serving: the state file refused a write, so memory would run ahead of it. Returns the reason."""
         self.failure = f"the state file {self.settings.state} stopped accepting writes ({exc}); restart the server"
         log.critical("%s", self.failure)
+        return self.failure
 
     def _check_healthy(self) -> None:
         if self.failure is not None:
@@ -413,7 +425,7 @@ class Dataserver:
 
         keys = [it.key for it in items if it.record is not None]
         # Only an iteration that was graded before can have stored grades: usually there is nothing to look up.
-        graded = [i for i in {key[0] for key in keys} if await self._quick(self.store.has_grades, i)]
+        graded = {i for i in {key[0] for key in keys} if await self._quick(self.store.has_grades, i)}
         stored = await self._quick(self.store.find_grades, [k for k in keys if k[0] in graded]) if graded else {}
         fresh: list[_Item] = []
         for it in items:
@@ -460,9 +472,7 @@ class Dataserver:
         try:
             return await self._quick(self.store.insert_grades, rows)
         except Exception as exc:
-            self.failure = f"the state file {self.settings.state} stopped accepting writes ({exc}); restart the server"
-            log.critical("%s", self.failure)
-            raise UnavailableError(self.failure) from exc
+            raise UnavailableError(self._fail(exc)) from exc
 
     async def _validate_items(self, req: wire.GradeRequest) -> list[_Item]:
         s = self.settings
@@ -476,19 +486,14 @@ class Dataserver:
         next_index: dict[str | int, int] = {}
         seen: dict[tuple[str | int, int], int] = {}
         items: list[_Item] = []
-        n = -1
-        async for item in _paced(req.items):
-            n += 1
+        async for n, item in _paced(enumerate(req.items)):
             if len(item.completion) > s.max_completion_chars:
                 raise InvalidRequestError(
                     f"items[{n}].completion",
                     f"{len(item.completion)} characters is above this server's maximum of "
                     f"{s.max_completion_chars} (PROCTOR_MAX_COMPLETION_CHARS)",
                 )
-            try:
-                sid = SampleId.parse(item.sample_id)
-            except ValueError as exc:
-                raise InvalidRequestError(f"items[{n}].sample_id", str(exc)) from None
+            sid = SampleId.parse(item.sample_id)  # its shape was checked with the wire model
             src = self.curriculum.sources.get(sid.source)
             if src is None:
                 known = ", ".join(sorted(self.curriculum.sources))
@@ -552,13 +557,7 @@ class Dataserver:
                 )
 
     async def _sample_ids(self, iteration: int) -> tuple[str, ...] | None:
-        batch = self._pending[iteration][0] if iteration in self._pending else self._cache_get(iteration)
-        if batch is None and self.last_iteration is not None and iteration <= self.last_iteration:
-            # Reading a batch back parses its samples: on the store thread, not on the event loop.
-            row = await self._db(self.store.get_iteration, iteration)
-            if row is not None:
-                batch = _Batch.of(row, self.curriculum)
-                self._cache_put(batch)
+        batch = self._pending[iteration][0] if iteration in self._pending else await self._stored_batch(iteration)
         return None if batch is None else batch.sample_ids
 
     async def _attribute(self, items: Sequence[_Item], iteration: int | None) -> None:

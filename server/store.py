@@ -255,33 +255,29 @@ class Store:
                 " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
                 [(sid, row.iteration) for sid in {s["sample_id"] for s in row.samples}],
             )
-            self._db.executemany(
-                "INSERT INTO transitions (iteration, from_stage, to_stage, reason, rolling_reward, rolling_count,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (t.iteration, t.from_stage, t.to_stage, t.reason, t.rolling_reward, t.rolling_count, now)
-                    for t in transitions
-                ],
-            )
+            self._insert_transitions(transitions, now)
 
     def adopt_transitions(self, transitions: Sequence[TransitionRecord], decided_through: int | None) -> None:
         """Record transitions decided by another run, and how far that run had decided (see
         :class:`~proctor.server.curriculum.engine.StageSchedule`), atomically."""
         now = time.time()
         with self._tx():
-            self._db.executemany(
-                "INSERT INTO transitions (iteration, from_stage, to_stage, reason, rolling_reward, rolling_count,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (t.iteration, t.from_stage, t.to_stage, t.reason, t.rolling_reward, t.rolling_count, now)
-                    for t in transitions
-                ],
-            )
+            self._insert_transitions(transitions, now)
             current = self.decided_through()
             if decided_through is not None and (current is None or decided_through > current):
                 self._db.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('decided_through', ?)", (str(decided_through),)
                 )
+
+    def _insert_transitions(self, transitions: Sequence[TransitionRecord], now: float) -> None:
+        self._db.executemany(
+            "INSERT INTO transitions (iteration, from_stage, to_stage, reason, rolling_reward, rolling_count,"
+            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (t.iteration, t.from_stage, t.to_stage, t.reason, t.rolling_reward, t.rolling_count, now)
+                for t in transitions
+            ],
+        )
 
     def decided_through(self) -> int | None:
         """The last iteration whose stage an adopted run decided; None when none was adopted."""
