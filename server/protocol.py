@@ -35,6 +35,7 @@ __all__ = [
     "StageInfo",
     "StageState",
     "Transition",
+    "check_sample_id",
 ]
 
 
@@ -62,8 +63,9 @@ def _valid_unicode(text: str) -> str:
 _SAMPLE_ID = re.compile(SAMPLE_ID_PATTERN)
 
 
-def _sample_id(text: str) -> str:
-    if _SAMPLE_ID.match(text) is None:
+def check_sample_id(text: str) -> str:
+    """``text`` if it has the shape of a sample id, else a ValueError that says what to send."""
+    if _SAMPLE_ID.fullmatch(text) is None:
         raise ValueError(
             f"malformed sample_id {text[:80]!r}: expected '<source>:<10 hex version>:<record>' exactly as /sample "
             "returned it"
@@ -74,9 +76,12 @@ def _sample_id(text: str) -> str:
 Iteration = Annotated[int, Strict(), Field(ge=0, le=MAX_ITERATION)]
 Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
 Positive = Annotated[int, Strict(), Field(gt=0, le=MAX_COUNT)]
-# The pattern is checked by `_sample_id` (for a message that says what to send) and published in the schema.
+# The pattern is checked by `check_sample_id` (for a message that says what to send) and published in the schema.
 SampleIdText = Annotated[
-    str, Strict(), Field(max_length=256, json_schema_extra={"pattern": SAMPLE_ID_PATTERN}), AfterValidator(_sample_id)
+    str,
+    Strict(),
+    Field(max_length=256, json_schema_extra={"pattern": SAMPLE_ID_PATTERN}),
+    AfterValidator(check_sample_id),
 ]
 Text = Annotated[str, Strict(), AfterValidator(_valid_unicode)]
 

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proctor.server.curriculum.spec import NAME_PATTERN
+from proctor.server.protocol import check_sample_id
 
 __all__ = ["Record", "SampleId", "Source", "content_version"]
-
-_SAMPLE_ID = re.compile(NAME_PATTERN.strip("^$") + r":(?P<version>[0-9a-f]{10}):(?P<key>0|[1-9][0-9]*)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +41,9 @@ class SampleId:
 
     @classmethod
     def parse(cls, text: str) -> SampleId:
-        """Parse ``source:version:key``; raises ValueError with the expected shape."""
-        m = _SAMPLE_ID.fullmatch(text)
-        if m is None:
-            raise ValueError(
-                f"malformed sample_id {text[:80]!r}: expected '<source>:<10 hex version>:<record>' "
-                "exactly as /sample returned it"
-            )
-        source = text.split(":", 1)[0]
-        return cls(source=source, version=m.group("version"), key=int(m.group("key")))
+        """Parse ``source:version:key``; raises ValueError with the expected shape (the wire's own check)."""
+        source, version, key = check_sample_id(text).split(":")
+        return cls(source=source, version=version, key=int(key))
 
 
 def content_version(*parts: Any) -> str:

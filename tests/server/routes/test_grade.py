@@ -156,6 +156,7 @@ async def test_a_stale_sample_id_is_an_error_result_not_a_grade(client: httpx.As
         ([{"sample_id": "nonsense", "completion": "x"}], "items[0].sample_id: malformed sample_id 'nonsense'"),
         ([{"sample_id": "gsm9k:0123456789:1", "completion": "x"}], "items[0].sample_id: unknown source 'gsm9k'"),
         ([{"sample_id": "", "completion": "x"}], "items[0].sample_id: malformed sample_id ''"),
+        ([{"sample_id": "add:0123456789:1\n", "completion": "x"}], "items[0].sample_id: malformed sample_id"),
         ([{"sample_id": "add:0123456789:1"}], "items[0].completion: Field required"),
         ([{"sample_id": "add:0123456789:1", "completion": 5}], "items[0].completion: Input should be a valid string"),
         (
@@ -163,7 +164,15 @@ async def test_a_stale_sample_id_is_an_error_result_not_a_grade(client: httpx.As
             "items[0].completion_tokens: Input should be greater than or equal to 0",
         ),
     ],
-    ids=["malformed-id", "unknown-source", "empty-id", "no-completion", "completion-not-string", "negative-tokens"],
+    ids=[
+        "malformed-id",
+        "unknown-source",
+        "empty-id",
+        "trailing-newline",
+        "no-completion",
+        "completion-not-string",
+        "negative-tokens",
+    ],
 )
 async def test_bad_items(client: httpx.AsyncClient, items: list[dict[str, Any]], message: str) -> None:
     response = await client.post("/grade", json={"items": items})
