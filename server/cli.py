@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proctor.curricula import builtin_curricula, builtin_path
-from proctor.server.curriculum.loader import Curriculum, load_curriculum
-from proctor.server.curriculum.mixing import Mixer
+from proctor.server.curriculum.engine import StageSchedule
+from proctor.server.curriculum.loader import load_curriculum
+from proctor.server.curriculum.mixing import Mixer, stage_runs
 from proctor.server.curriculum.spec import CurriculumError
 from proctor.server.history import HistoryError, adopt_history, read_history
 from proctor.server.logs import configure_logging
@@ -107,7 +108,11 @@ def _preview(args: argparse.Namespace) -> int:
         f"{len(curriculum.stages)} stages, {curriculum.total_iterations} iterations"
     )
     print(f"stage per step for steps {steps.start}:{steps.stop}, assuming no gate fires (each stage at its longest):")
-    for stage, first, last in _stage_runs(curriculum, steps):
+    # With no transitions recorded, a schedule's stage is the step-keyed one.
+    step_keyed = StageSchedule(curriculum.stages).stage_of
+    runs = stage_runs(step_keyed, steps.stop, steps.start)
+    for first, stop, stage in runs:
+        last = stop - 1
         st = curriculum.stages[stage]
         mix = ", ".join(f"{s} {w:.0%}" for s, w in st.mix)
         extra = f", replay {st.replay:.0%}" if st.replay else ""
@@ -123,11 +128,11 @@ def _preview(args: argparse.Namespace) -> int:
     print("a sample prompt of each stage:")
     mixer = Mixer(curriculum)
     seen: set[int] = set()
-    for stage, first, _ in _stage_runs(curriculum, steps):
+    for first, _, stage in runs:
         if stage in seen:
             continue
         seen.add(stage)
-        source, key = mixer.draw(first, args.batch_size, lambda j: _step_keyed_stage(curriculum, j))[0]
+        source, key = mixer.draw(first, args.batch_size, step_keyed)[0]
         record = curriculum.sources[source].record(key)
         print(f"  {curriculum.stages[stage].name} [{source}]: {record.prompt!r} → {record.answer!r}")
     return 0
@@ -137,24 +142,6 @@ def _demo(args: argparse.Namespace) -> int:
     from proctor.client.train import demo
 
     return demo(steps=args.steps)
-
-
-def _step_keyed_stage(curriculum: Curriculum, iteration: int) -> int:
-    for st in curriculum.stages:
-        if iteration < st.until_step:
-            return st.index
-    return len(curriculum.stages) - 1
-
-
-def _stage_runs(curriculum: Curriculum, steps: range) -> list[tuple[int, int, int]]:
-    runs: list[tuple[int, int, int]] = []
-    for j in steps:
-        stage = _step_keyed_stage(curriculum, j)
-        if runs and runs[-1][0] == stage:
-            runs[-1] = (stage, runs[-1][1], j)
-        else:
-            runs.append((stage, j, j))
-    return runs
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -72,14 +72,14 @@ def stage_weights(curriculum: Curriculum, stage: int) -> tuple[tuple[str, float]
     return tuple(merged.items())
 
 
-def stage_runs(stage_of: Callable[[int], int], end: int) -> list[tuple[int, int, int]]:
-    """``(first, stop, stage)`` for the maximal runs of one stage over iterations ``0..end-1``.
+def stage_runs(stage_of: Callable[[int], int], end: int, start: int = 0) -> list[tuple[int, int, int]]:
+    """``(first, stop, stage)`` for the maximal runs of one stage over iterations ``start..end-1``.
 
     ``stage_of`` must never decrease (stages only advance), so each run's end is found by bisection:
     ``O(stages × log end)`` calls, whatever ``end`` is.
     """
     runs: list[tuple[int, int, int]] = []
-    first = 0
+    first = start
     while first < end:
         stage = stage_of(first)
         # Bisect for the first iteration in [first, end) that is past this stage (by hand: `bisect` over a
