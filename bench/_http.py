@@ -26,7 +26,10 @@ class Connection:
         return cls(reader, writer, host)
 
     async def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        payload = b"" if body is None else json.dumps(body).encode()
+        return await self.send(method, path, b"" if body is None else json.dumps(body).encode())
+
+    async def send(self, method: str, path: str, payload: bytes) -> tuple[int, bytes]:
+        """A request whose body is already encoded (or deliberately not valid JSON)."""
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: ".encode()
             + self._host

@@ -96,21 +96,9 @@ def _kinds(runs: int) -> list[tuple[str, str, Callable[[int], bytes]]]:
 
 
 async def _post(host: str, port: int, path: str, body: bytes) -> int:
-    reader, writer = await asyncio.open_connection(host, port)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    writer.write(head.encode() + body)
-    await writer.drain()
-    status = int((await reader.readline()).split(b" ", 2)[1])
-    length = 0
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    await reader.readexactly(length)
-    writer.close()
-    await writer.wait_closed()
+    conn = await Connection.open(host, port)  # its own connection, so that the probe's is never behind it
+    status, _ = await conn.send("POST", path, body)
+    await conn.close()
     return status
 
 

@@ -26,10 +26,12 @@ __all__ = ["ConnectionLimits", "GuardedHttpToolsProtocol", "uvicorn_options"]
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    max_header_bytes: int = 16384
-    max_headers: int = 100
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
+    """The connection settings (their defaults live in :class:`~proctor.server.settings.Settings`)."""
+
+    max_header_bytes: int
+    max_headers: int
+    header_timeout_s: float
+    body_timeout_s: float
 
 
 class _Refused(Exception):
@@ -40,7 +42,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """One connection. ``limits`` is set on a subclass per server (see :func:`uvicorn_options`), because
     uvicorn builds protocols from a class and its own config only."""
 
-    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    limits: ClassVar[ConnectionLimits]
 
     def __init__(
         self,
