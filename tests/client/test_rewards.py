@@ -182,6 +182,17 @@ def test_a_grading_error_is_never_an_invented_reward(on_error: Any, expected: li
     assert ("proctor/grading_errors", 1.0) in metrics
 
 
+# The columns of a generation batch of one completion.
+ONE_ROW: dict[str, list[Any]] = {
+    "prompts": ["p"],
+    "completions": ["a"],
+    "sample_id": ["s:0123456789:1"],
+    "slot": [0],
+    "completion_index": [0],
+    "iteration": [0],
+}
+
+
 def test_a_failing_grade_raises_after_the_retries() -> None:
     attempts: list[int] = []
 
@@ -191,14 +202,7 @@ def test_a_failing_grade_raises_after_the_retries() -> None:
 
     client = ProctorClient("http://proctor.test", transport=with_meta(handler), retries=2, sleep=lambda s: None)
     with pytest.raises(ServerFailure, match="state file stopped accepting writes"):
-        remote_reward(client)(
-            prompts=["p"],
-            completions=["a"],
-            sample_id=["s:0123456789:1"],
-            slot=[0],
-            completion_index=[0],
-            iteration=[0],
-        )
+        remote_reward(client)(**ONE_ROW)
     assert len(attempts) == 3
 
 
@@ -207,14 +211,7 @@ def test_a_missing_result_is_an_error_not_a_zero() -> None:
         "http://proctor.test", transport=with_meta(lambda r: httpx.Response(200, json={"results": []}))
     )
     with pytest.raises(RuntimeError, match=r"/grade returned no result for slot 0 \('s:0123456789:1'\), completion 0"):
-        remote_reward(client)(
-            prompts=["p"],
-            completions=["a"],
-            sample_id=["s:0123456789:1"],
-            slot=[0],
-            completion_index=[0],
-            iteration=[0],
-        )
+        remote_reward(client)(**ONE_ROW)
 
 
 def test_needs_the_dataset_columns() -> None:
