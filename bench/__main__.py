@@ -1,6 +1,6 @@
 """``python -m bench [NAME ...]``: the benchmarks, one after the other, each printing its table.
 
-Names: server_load, event_loop, memory_soak, trainer_overhead, batching, grpo_step (default: all).
+Names: math_grader, server_load, event_loop, memory_soak, trainer_overhead, batching, grpo_step (default: all).
 Flags after ``memory_soak`` are its own (``python -m bench memory_soak --quick``); run with the others, it
 soaks at a smaller size (see bench/memory_soak.py).
 """
@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import sys
 
-from bench import event_loop, memory_soak, server_load
+from bench import event_loop, math_grader, memory_soak, server_load
 
-NAMES = ("server_load", "event_loop", "memory_soak", "trainer_overhead", "batching", "grpo_step")
+NAMES = ("math_grader", "server_load", "event_loop", "memory_soak", "trainer_overhead", "batching", "grpo_step")
 
 if __name__ == "__main__":
     only = set(sys.argv[1:])
+    if not only or "math_grader" in only:
+        math_grader.main()
     if not only or "server_load" in only:
         server_load.main()
     if not only or "event_loop" in only:

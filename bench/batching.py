@@ -4,21 +4,21 @@ Every algorithm is scored under one cost model, the padded rectangle: a micro-ba
 width ``w`` computes ``rows × w`` tokens, and the cap bounds that product (a lone row longer than the cap is
 allowed and is not a violation). Same lengths, same cap, same ``sequence_length_round`` for all.
 
-Algorithms (peers.md §13):
+Algorithms (this project's planner and the public RL frameworks' schemes, each as its code does it):
 
 - **proctor**: ``proctor.client.batching.dynamic.plan_dynamic_batches``.
 - **fixed-count (TRL today)**: rows in arrival order, split contiguously over ranks (equal counts), each rank cut
   into chunks of ``m`` rows, every chunk padded to the *global* max length (TRL pads the whole generation
   batch before chunking), with ``m = max(1, cap // roundup(global max, round))`` (the user sizes ``m`` for the
   worst case).
-- **ROLL shared boundaries** (§13 D, as in ROLL's ``dynamic_batching_shard``): sort, strided sharding, one
+- **ROLL shared boundaries** (as in ROLL's ``dynamic_batching_shard``): sort, strided sharding, one
   boundary list for all ranks built greedily under the cap from the max over ranks at each position; every
   rank pads a micro-batch to that shared width. ROLL asserts when a position's width exceeds the cap.
-- **verl count-then-KK** (§13 B + B2): ranks from ``_balance_batch`` (Karmarkar–Karp, equal sizes, on the
+- **verl count-then-KK**: ranks from ``_balance_batch`` (Karmarkar–Karp, equal sizes, on the
   workload ``24576·L + L²``; contiguous when ``n % dp != 0``); per rank ``K = min(n_r, ceil(ΣL / cap))``,
   all-reduced to the max over ranks, then KK (free sizes) on the workload into ``K`` micro-batches. verl
   bounds the packed token sum, not the rectangle; both kinds of cap violation are recorded.
-- **FFD** (§13 C/E/F): first-fit-decreasing under the rectangle cap, then (slime/prime-rl) split the multi-row
+- **FFD**: first-fit-decreasing under the rectangle cap, then (slime/prime-rl) split the multi-row
   bin with the most computed tokens by LPT until the bin count is a multiple of ``dp`` (at least ``dp``),
   then bins to ranks by KK (equal sizes) on computed tokens.
 
@@ -91,7 +91,7 @@ def draw(name: str, n: int, draw_index: int = 0) -> list[int]:
     raise ValueError(f"unknown distribution {name!r}; choose from {DISTRIBUTIONS}")
 
 
-# --- Karmarkar–Karp (§13 KK), both flavours -----------------------------------------------------------------
+# --- Karmarkar–Karp (largest differencing), both flavours ---------------------------------------------------
 
 
 def karmarkar_karp(weights: Sequence[float], k: int, *, equal_size: bool) -> list[list[int]]:
@@ -439,12 +439,12 @@ def run_grid(cap_factor: int, rnd: int, repeats: int) -> list[Row]:
     return rows
 
 
-def seed_example() -> list[dict[str, Any]]:
-    """Seed 002 (ROLL's worked example): lengths [7,6,8,5,1,3,8,6], cap 10, round 2, dp 2."""
+def roll_example() -> list[dict[str, Any]]:
+    """ROLL's worked example of dynamic batching: lengths [7,6,8,5,1,3,8,6], cap 10, round 2, dp 2."""
     lengths = [7, 6, 8, 5, 1, 3, 8, 6]
     out: list[dict[str, Any]] = []
     for name, fn in ALGORITHMS.items():
-        row = Row("seed-002", len(lengths), 2, 10, 2, name)
+        row = Row("roll-example", len(lengths), 2, 10, 2, name)
         try:
             plan = fn(lengths, 10, 2, 2)
         except (RuntimeError, ValueError) as exc:
@@ -566,11 +566,11 @@ def summarise(rows: list[Row], example: list[dict[str, Any]]) -> tuple[list[str]
                 f"({r.micro_batches}/rank) no plan computes less than {fmt(bound)} × real (exact)"
             )
     ex = next(e for e in example if e["algorithm"] == "proctor")
-    seed_ok = ex["computed_tokens"] <= 56 and ex["cap_violations"] == 0 and ex["largest_micro_batch"] <= 10
+    example_ok = ex["computed_tokens"] <= 56 and ex["cap_violations"] == 0 and ex["largest_micro_batch"] <= 10
     total = len(ours)
     lines = [
-        f"seed 002 example: {ex['computed_tokens']} computed tokens (target ≤ 56), largest micro-batch "
-        f"{ex['largest_micro_batch']} ≤ cap 10: {'met' if seed_ok else 'MISSED'}"
+        f"ROLL's example: {ex['computed_tokens']} computed tokens (target ≤ 56), largest micro-batch "
+        f"{ex['largest_micro_batch']} ≤ cap 10: {'met' if example_ok else 'MISSED'}"
     ]
     for title, key in (
         ("best or tied on computed ÷ real", "best_padding"),
@@ -583,7 +583,7 @@ def summarise(rows: list[Row], example: list[dict[str, Any]]) -> tuple[list[str]
         missed = misses[key]
         lines.append(f"{title}: met on {total - len(missed)}/{total} rows" + (":" if missed else ""))
         lines.extend(f"  - {m}" for m in missed)
-    return lines, {"seed_002_met": seed_ok, "misses": misses, "rows": total}
+    return lines, {"roll_example_met": example_ok, "misses": misses, "rows": total}
 
 
 def summarise_robustness(entries: list[dict[str, Any]]) -> list[str]:
@@ -625,7 +625,7 @@ def run() -> dict[str, Any]:
         "cap 3× max, round 1": run_grid(3, 1, repeats=1),
         "cap 2× max, round 64": run_grid(2, 64, repeats=1),
     }
-    example = seed_example()
+    example = roll_example()
     robust = robustness(2, 1)
     summary_lines, summary = summarise(main_rows, example)
     summary_lines += summarise_robustness(robust)
@@ -633,7 +633,7 @@ def run() -> dict[str, Any]:
         "env": {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine()},
         "main": main_rows,
         "extra": extra,
-        "seed_002": example,
+        "roll_example": example,
         "robustness": robust,
         "summary_lines": summary_lines,
         "summary": summary,
@@ -664,8 +664,8 @@ def main() -> None:
         "computed ÷ real / imbalance (/ cap violations ✗)\n"
     )
     print(robustness_table(results["robustness"]))
-    print("\n### seed 002 (lengths [7,6,8,5,1,3,8,6], cap 10, round 2, dp 2; unbatched 8 × 10 = 80)\n")
-    for e in results["seed_002"]:
+    print("\n### ROLL's worked example (lengths [7,6,8,5,1,3,8,6], cap 10, round 2, dp 2; unbatched 8 × 10 = 80)\n")
+    for e in results["roll_example"]:
         if "error" in e:
             print(f"- {e['algorithm']}: fails ({e['error']})")
         else:

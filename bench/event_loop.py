@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench._http import Connection
 from bench._results import save
-from proctor.server.launcher import ServerProcess
+from proctor.cli.launcher import ServerProcess
 from proctor.server.protocol import MAX_ITERATION
 from proctor.server.settings import Settings
 

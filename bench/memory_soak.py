@@ -41,7 +41,7 @@ from typing import Any
 
 from bench._http import Connection
 from bench._results import save
-from proctor.server.launcher import ServerProcess
+from proctor.cli.launcher import ServerProcess
 
 __all__ = ["ALL_BENCHMARKS_ARGS", "Mark", "Soak", "growth", "main", "read_rss_kib", "run", "table"]
 

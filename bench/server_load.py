@@ -1,9 +1,14 @@
-"""Load on a real dataserver process, driven from this (separate) process over loopback.
+"""Load on a real dataserver process, driven from this (separate) process over loopback, side by side with an
+earlier version of the server (a git commit, run from a worktree of this repository) in the same run.
 
-Measures, each with 8 concurrent connections:
+Measures, each with 8 concurrent connections, on a curriculum of 5,000 JSONL arithmetic rows graded by
+``math`` alone:
 - ``/sample`` (batch 16) of new iterations: stage decision, draw, SQLite commit (persistence on);
 - ``/sample`` repeats of sampled iterations (what the other ranks and retries cost);
-- ``/grade`` with 64 distinct completions per request, math-verify grading in the grader processes;
+- ``/grade`` with 64 completions per request, every completion and every wrong final answer distinct from
+  request to request (no cache can help), with plain-number answers and with LaTeX answers; and the
+  server's efficiency on plain numbers: its completions/s over (grader processes × the math grader's bare
+  single-process rate on the same completions, measured in this run);
 - ``/healthz`` probed one request at a time while ``/grade`` keeps the graders saturated, and idle.
 
 Latencies are client-side, taken by a lean HTTP/1.1 client (``bench/_http.py``) that shares the machine with
@@ -13,26 +18,35 @@ the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
+import json
 import os
 import platform
 import random
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench._http import Connection
 from bench._results import save
-from proctor.server.launcher import ServerProcess
+from proctor.cli.launcher import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = 8
 SAMPLE_BATCH = 16
 GRADE_ITEMS = 64
+ROWS = 5_000
+# The server before the grade path was reworked (fast math grader, per-chunk pool results, group commits).
+BASELINE = "522d337"
 
 
 @dataclass
@@ -46,28 +60,27 @@ class Row:
 
     @property
     def per_second(self) -> float:
-        return self.requests / self.seconds
+        return self.requests / self.seconds if self.seconds else 0.0
 
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 async def _drive(
-    call: Callable[[Connection], Awaitable[None]], *, seconds: float, concurrency: int, host: str, port: int
+    fn: Callable[[Connection], Awaitable[None]], *, seconds: float, concurrency: int, host: str, port: int
 ) -> tuple[list[float], float]:
-    """``concurrency`` connections, each sending ``call`` back to back for ``seconds``."""
-    conns = [await Connection.open(host, port) for _ in range(concurrency)]
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
 
     async def worker(conn: Connection) -> None:
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            await call(conn)
+            await fn(conn)
             latencies.append(time.perf_counter() - started)
 
+    conns = [await Connection.open(host, port) for _ in range(concurrency)]
     started = time.perf_counter()
     await asyncio.gather(*(worker(c) for c in conns))
     elapsed = time.perf_counter() - started
@@ -77,17 +90,49 @@ async def _drive(
 
 
 def _row(name: str, latencies: list[float], elapsed: float, target: str = "") -> Row:
-    return Row(
-        name, len(latencies), elapsed, _percentile(latencies, 0.5) * 1e3, _percentile(latencies, 0.99) * 1e3, target
+    ms = [x * 1000 for x in latencies]
+    return Row(name, len(latencies), elapsed, _percentile(ms, 0.5), _percentile(ms, 0.99), target)
+
+
+def _answer(a: int, b: int, c: int) -> int:
+    return a + b * c
+
+
+def write_curriculum(folder: Path) -> Path:
+    """5,000 arithmetic rows in a JSONL file and a one-stage curriculum over them, graded by ``math``."""
+    rng = random.Random(7)
+    rows = []
+    for _ in range(ROWS):
+        a, b, c = rng.randrange(1, 2000), rng.randrange(1, 50), rng.randrange(1, 50)
+        rows.append({"question": f"What is {a} + {b} × {c}?", "answer": str(_answer(a, b, c))})
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = folder / "load.yaml"
+    path.write_text(
+        "name: load\nseed: 1\n"
+        "sources:\n  rows:\n    path: rows.jsonl\n    prompt_field: question\n    answer_field: answer\n"
+        "    graders: [{name: math}]\n"
+        "stages:\n  - {name: only, until_step: 100000000, mix: [{source: rows}]}\n"
     )
+    return path
 
 
-async def _run(host: str, port: int, seconds: float) -> list[Row]:
+def _completion(answer: str, n: int, k: int, latex: bool) -> str:
+    """The k-th completion of request n: every fourth right, the others wrong, each final answer distinct.
+    LaTeX answers are expressions (not plain numbers), so that math-verify parses every one of them."""
+    value = int(answer) if k % 4 == 0 else int(answer) + 1 + n * GRADE_ITEMS + k
+    final = f"\\boxed{{\\frac{{{4 * value}}}{{2}} - {value}}}" if latex else str(value)
+    return f"<think>working {n}-{k}</think>{final}"
+
+
+async def _run(
+    host: str, port: int, seconds: float, answers: dict[str, str]
+) -> tuple[list[Row], list[tuple[str, str]]]:
+    """The rows, and the (reference, completion) pairs of one plain-number /grade request (for the bare rate)."""
     rows: list[Row] = []
     drive = functools.partial(_drive, seconds=seconds, concurrency=CONCURRENCY, host=host, port=port)
     # Warm-up, away from the measured iterations. (Fresh connections per phase: uvicorn closes idle ones.)
     setup = await Connection.open(host, port)
-    await setup.json("POST", "/sample", {"iteration": 10_000, "batch_size": SAMPLE_BATCH})
+    await setup.json("POST", "/sample", {"iteration": 10_000_000, "batch_size": SAMPLE_BATCH})
     await setup.close()
 
     iterations = itertools.count()
@@ -97,7 +142,9 @@ async def _run(host: str, port: int, seconds: float) -> list[Row]:
         i = next(iterations)
         samples[i] = (await c.json("POST", "/sample", {"iteration": i, "batch_size": SAMPLE_BATCH}))["samples"]
 
-    rows.append(_row(f"/sample new iteration (batch {SAMPLE_BATCH})", *await drive(new_sample), "p99 ≤ 10 ms"))
+    rows.append(
+        _row(f"/sample new iteration (batch {SAMPLE_BATCH})", *await drive(new_sample), "≥ 2,500 req/s, p99 ≤ 5 ms")
+    )
 
     # What the other ranks (and retries) of recent steps ask for: a share of an iteration already sampled.
     recent = sorted(samples)[-64:]
@@ -109,24 +156,32 @@ async def _run(host: str, port: int, seconds: float) -> list[Row]:
 
     rows.append(_row("/sample repeat: a rank's share of a recent iteration", *await drive(repeat_sample)))
 
+    served = [s["sample_id"] for batch in samples.values() for s in batch]
     counter = itertools.count()
-    pool = [s for batch in samples.values() for s in batch]
 
-    def grade_body() -> dict[str, Any]:
-        n = next(counter)
+    def grade_items(n: int, latex: bool) -> list[dict[str, Any]]:
         items = []
         for k in range(GRADE_ITEMS):
-            s = pool[(n * GRADE_ITEMS + k) % len(pool)]
-            # Distinct text per request, so the store never answers from its idempotency cache.
-            answer = rng.choice(["42", "\\frac{3}{4}", "7", "x = 19", "66"])
-            completion = f"<think>try {n}-{k}</think>{answer}"
-            items.append({"sample_id": s["sample_id"], "completion": completion, "completion_index": k})
-        return {"items": items}
+            sid = served[(n * GRADE_ITEMS + k) % len(served)]
+            completion = _completion(answers[sid], n, k, latex)
+            items.append({"sample_id": sid, "completion": completion, "completion_index": k})
+        return items
 
-    async def grade(c: Connection) -> None:
-        await c.json("POST", "/grade", grade_body())
+    def grader(latex: bool) -> Callable[[Connection], Awaitable[None]]:
+        async def grade(c: Connection) -> None:
+            await c.json("POST", "/grade", {"items": grade_items(next(counter), latex)})
 
-    rows.append(_row(f"/grade ({GRADE_ITEMS} completions, math-verify)", *await drive(grade)))
+        return grade
+
+    plain, latex = grader(latex=False), grader(latex=True)
+    rows.append(
+        _row(
+            f"/grade ({GRADE_ITEMS} completions, plain-number answers)",
+            *await drive(plain),
+            "≥ 500 req/s, p99 ≤ 100 ms",
+        )
+    )
+    rows.append(_row(f"/grade ({GRADE_ITEMS} completions, LaTeX answers)", *await drive(latex)))
 
     # /healthz under grading load: 8 connections keep /grade busy while one more probes /healthz.
     stop = asyncio.Event()
@@ -134,7 +189,7 @@ async def _run(host: str, port: int, seconds: float) -> list[Row]:
 
     async def load(conn: Connection) -> None:
         while not stop.is_set():
-            await grade(conn)
+            await plain(conn)
 
     async def probe() -> None:
         conn = await Connection.open(host, port)
@@ -163,44 +218,148 @@ async def _run(host: str, port: int, seconds: float) -> list[Row]:
         idle.append(time.perf_counter() - started)
     await conn.close()
     rows.append(_row("/healthz idle", idle, sum(idle)))
-    return rows
+    pairs = [(answers[it["sample_id"]], it["completion"]) for n in range(40) for it in grade_items(10**6 + n, False)]
+    return rows, pairs
 
 
-def run(seconds: float = 8.0) -> tuple[list[Row], dict[str, object]]:
-    """Start a server on ``word_problems.yaml`` (math-verify graders) with state on disk and measure it."""
+# Times the checkout's own `math` grader in one process on the given (reference, completion) pairs.
+_BARE_RATE = """
+import json, sys, time
+from proctor.server.grading.base import GradeInput
+from proctor.server.grading.builtin import math
+pairs = json.load(sys.stdin)
+inputs = [GradeInput(prompt="", completion=c, answer=a) for a, c in pairs]
+for s in inputs[:64]:
+    math(s)
+started = time.perf_counter()
+for s in inputs:
+    math(s)
+print(len(inputs) / (time.perf_counter() - started))
+"""
+
+
+def bare_rate(pairs: list[tuple[str, str]], env: dict[str, str] | None) -> float:
+    """Completions/s of the math grader alone, in one process of the checkout that ``env`` selects."""
+    out = subprocess.run(
+        [sys.executable, "-c", _BARE_RATE],
+        input=json.dumps(pairs),
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+    return float(out.stdout)
+
+
+@contextlib.contextmanager
+def checkout(ref: str) -> Iterator[tuple[dict[str, str], str]]:
+    """A worktree of ``ref`` importable as ``proctor.*`` (a PYTHONPATH that shadows this checkout), and the
+    module that runs its ``serve`` command."""
+    with tempfile.TemporaryDirectory(prefix="proctor-baseline-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), ref], check=True)
+        try:
+            package = Path(tmp) / "path" / "proctor"
+            package.mkdir(parents=True)
+            for name in ("server", "client", "curricula", "cli"):
+                if (tree / name).is_dir():
+                    (package / name).symlink_to(tree / name)
+            module = "proctor.cli" if (tree / "cli").is_dir() else "proctor.server.cli"
+            yield {"PYTHONPATH": str(package.parent)}, module
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+
+
+def _measure(seconds: float, env: dict[str, str] | None, module: str) -> tuple[list[Row], float, float]:
+    """Rows, completions/s of the plain-number /grade row, and the bare single-process rate."""
     with tempfile.TemporaryDirectory() as tmp:
+        curriculum = write_curriculum(Path(tmp))
+        rows_file = [json.loads(line) for line in (Path(tmp) / "rows.jsonl").read_text().splitlines()]
         server = ServerProcess(
-            ["curricula/word_problems.yaml", "--state", str(Path(tmp) / "state.db"), "--log-level", "warning"],
+            [str(curriculum), "--state", str(Path(tmp) / "state.db"), "--log-level", "warning"],
             log=Path(tmp) / "server.log",
             cwd=ROOT,
+            env=env,
+            module=module,
         )
         with server:
-            rows = asyncio.run(_run("127.0.0.1", server.port, seconds))
-    env: dict[str, object] = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "grader_workers": "one per core",
-        "state": "SQLite file, WAL, synchronous=NORMAL",
+            meta = httpx.get(server.url + "/meta", timeout=10).json()
+            [source] = meta["sources"]
+            # Sample ids are source:version:key, the key being the row's index.
+            prefix = f"{source['name']}:{source['version']}:"
+            answers = {f"{prefix}{k}": r["answer"] for k, r in enumerate(rows_file)}
+            rows, pairs = asyncio.run(_run("127.0.0.1", server.port, seconds, answers))
+    plain = rows[2]
+    return rows, plain.per_second * GRADE_ITEMS, bare_rate(pairs, env)
+
+
+def run(seconds: float = 8.0, baseline: str | None = BASELINE) -> dict[str, Any]:
+    """This checkout's server, then ``baseline``'s, measured alike one after the other."""
+    workers = os.cpu_count() or 1
+    results: dict[str, Any] = {
+        "env": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "grader_workers": workers,
+            "state": "SQLite file, WAL, synchronous=NORMAL",
+            "baseline": baseline,
+        }
     }
-    return rows, env
+    versions: list[tuple[str, dict[str, str] | None, str]] = [("now", None, "proctor.cli")]
+    with contextlib.ExitStack() as stack:
+        if baseline is not None:
+            env, module = stack.enter_context(checkout(baseline))
+            versions.append(("before", env, module))
+        for label, env_, module_ in versions:
+            rows, completions, bare = _measure(seconds, env_, module_)
+            results[label] = {
+                "rows": [asdict(r) for r in rows],
+                "grade_completions_per_s": completions,
+                "bare_math_per_s": bare,
+                "efficiency": completions / (workers * bare),
+            }
+    return results
 
 
-def table(rows: list[Row]) -> str:
-    lines = [
-        "| endpoint | requests | req/s | p50 ms | p99 ms | target |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for r in rows:
-        lines.append(f"| {r.name} | {r.requests} | {r.per_second:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.target} |")
+def table(results: dict[str, Any]) -> str:
+    now, before = results["now"], results.get("before")
+    head = "| endpoint | requests | req/s | p50 ms | p99 ms |"
+    rule = "| --- | ---: | ---: | ---: | ---: |"
+    if before:
+        head += " before: req/s | before: p99 ms |"
+        rule += " ---: | ---: |"
+    lines = [head + " target |", rule + " --- |"]
+    for n, r in enumerate(now["rows"]):
+        rate = r["requests"] / r["seconds"]
+        line = f"| {r['name']} | {r['requests']} | {rate:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
+        if before:
+            b = before["rows"][n]
+            line += f" {b['requests'] / b['seconds']:.0f} | {b['p99_ms']:.1f} |"
+        lines.append(line + f" {r['target']} |")
+    lines.append("")
+    lines.append("| /grade, plain-number answers | now | before |")
+    lines.append("| --- | ---: | ---: |")
+    for key, label, fmt in [
+        ("grade_completions_per_s", "completions/s through the server", "{:.0f}"),
+        ("bare_math_per_s", "math grader alone, one process (completions/s)", "{:.0f}"),
+        ("efficiency", f"efficiency: server ÷ ({results['env']['grader_workers']} processes × bare rate)", "{:.2f}"),
+    ]:
+        lines.append(f"| {label} | {fmt.format(now[key])} | {fmt.format(before[key]) if before else '-'} |")
     return "\n".join(lines)
 
 
-def main() -> None:
-    rows, env = run()
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    baseline = None if "--no-baseline" in args else BASELINE
+    results = run(baseline=baseline)
+    env = results["env"]
     print(f"server load, {CONCURRENCY} concurrent connections, {env['cpus']} CPUs, Python {env['python']}")
-    print(table(rows))
-    save("server_load", {"env": env, "rows": [asdict(r) for r in rows]})
+    if baseline:
+        print(f"before: commit {baseline}, measured right after, the same way")
+    print(table(results))
+    save("server_load", results)
 
 
 if __name__ == "__main__":

@@ -30,13 +30,13 @@ from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
 from bench._results import save
 from bench._timing import StepTimes
+from proctor.cli.launcher import ServerProcess
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
 from proctor.client.tiny import build_tiny_model, run_defaults
 from proctor.curricula import builtin_path
 from proctor.server.curriculum.loader import load_curriculum
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.builtin import numeric
-from proctor.server.launcher import ServerProcess
 from proctor.server.sources.base import SampleId
 
 STEPS = 30

@@ -1,8 +1,7 @@
-"""``proctor train``: GRPO with TRL against a running dataserver, and ``proctor demo``.
+"""``proctor train``: GRPO with TRL against a running dataserver (``proctor demo`` runs it, in ``proctor.cli.demo``).
 
     proctor train --server http://127.0.0.1:8000 --model Qwen/Qwen2.5-0.5B-Instruct --max-steps 200
     proctor train --model tiny            # a tiny model built offline (no hub), for trying things on a CPU
-    proctor demo                          # starts a server on the arithmetic ladder and trains the tiny model
 
 Prompts come from the server's curriculum (``RemoteRLDataset``) and rewards from its graders
 (``remote_reward``); each step prints the curriculum stage and the mean reward.
@@ -13,10 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +25,7 @@ from proctor.client.http import ProctorClient
 from proctor.client.rewards import remote_reward
 from proctor.client.tiny import build_tiny_model, run_defaults
 
-__all__ = ["StepReporter", "build_parser", "demo", "main", "train"]
+__all__ = ["StepReporter", "build_parser", "main", "train"]
 
 TINY = "tiny"
 
@@ -141,24 +138,6 @@ class StepReporter(TrainerCallback):
                 f"reward {entry['reward']:.3f}  ({time.perf_counter() - self._started:.0f}s)",
                 flush=True,
             )
-
-
-def demo(steps: int = 64) -> int:
-    """Serve the arithmetic ladder and train the tiny model across its stage boundaries at iterations 20 and 60
-    (or as many as ``steps`` reaches); returns 0 when at least one transition happened."""
-    from proctor.curricula import builtin_path
-    from proctor.server.launcher import ServerProcess
-
-    with tempfile.TemporaryDirectory(prefix="proctor-demo-") as tmp:
-        log = Path(tmp) / "server.log"
-        with ServerProcess([str(builtin_path("arithmetic")), "--state", ":memory:"], log=log) as server:
-            print(f"dataserver on {server.url} (log: {log})", flush=True)
-            args = build_parser().parse_args(
-                ["--server", server.url, "--max-steps", str(steps), "--output-dir", str(Path(tmp) / "run")]
-            )
-            summary = train(args)
-    crossed = any(t["iteration"] <= steps for t in summary["transitions"])
-    return 0 if crossed else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

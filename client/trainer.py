@@ -1,7 +1,9 @@
 """``ProctorGRPOConfig`` / ``ProctorGRPOTrainer``: rollout batching inside TRL's ``GRPOTrainer``.
 
-The only module that touches TRL's private methods (pinned to the 1.16 line; see
-``shared/notes/trl-grpo-internals.md`` §3 for the call graph):
+The only module that touches TRL's private methods (pinned to the 1.16 line, whose call graph is
+``_prepare_inputs`` → ``_generate_and_score_completions`` → ``_generate`` → ``_generate_single_turn``, then the
+old-policy and reference passes through ``_get_per_token_logps_and_entropies``; and ``compute_loss`` →
+``_compute_loss`` → ``_get_per_token_logps_and_entropies`` for the training pass):
 
 - ``_generate_single_turn`` runs generation in chunks of ``rollout_micro_batch_size`` rows;
 - ``_get_per_token_logps_and_entropies`` runs the old-policy and reference log-prob passes in chunks of their
@@ -10,9 +12,10 @@ The only module that touches TRL's private methods (pinned to the 1.16 line; see
 
 All sizes count rows, i.e. (prompt, completion) pairs, like ``per_device_train_batch_size``. TRL already
 aggregates ``steps_per_generation`` micro-batches into one local generation batch of
-``per_device_train_batch_size × steps_per_generation`` rows; that is the LCM aggregator's buffer (seed 000),
-so the local generation batch must be a multiple of ``service_target_bs = lcm(rollout, ref, old)`` for every
-stage to cut it into whole chunks. Left unset, ``steps_per_generation`` is derived to make it so.
+``per_device_train_batch_size × steps_per_generation`` rows; that is the LCM aggregator's buffer
+(``proctor.client.batching.aggregator``), so the local generation batch must be a multiple of
+``service_target_bs = lcm(rollout, ref, old)`` for every stage to cut it into whole chunks. Left unset,
+``steps_per_generation`` is derived to make it so.
 
 Packed passes lay each row's real tokens out contiguously (left-padded to the micro-batch's width, a multiple of
 ``sequence_length_round``), so every micro-batch is a ``rows × width`` rectangle within the token budget, and

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from proctor.server import __version__
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
+from proctor.server.dataserver import Dataserver
 from proctor.server.errors import error_responses, install_error_handlers
 from proctor.server.metrics import Metrics
 from proctor.server.middleware import (
@@ -22,7 +23,6 @@ from proctor.server.middleware import (
 )
 from proctor.server.openapi import complete_openapi
 from proctor.server.routes import curriculum, grade, ops, sample
-from proctor.server.service import Dataserver
 from proctor.server.settings import Settings
 
 __all__ = ["create_app"]

@@ -34,6 +34,38 @@ class ConnectionLimits:
     body_timeout_s: float
 
 
+class _CoalescedWrites:
+    """A connection's transport whose writes within one turn of the event loop leave as one.
+
+    A response is written as its head, then its body: two sends, and on loopback two wake-ups of the
+    client. Sent together they cost one, which under load was a tenth of a /sample's time on the server.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(bytes(data))
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _Refused(Exception):
     """Raised in a parser callback: the only way to stop httptools in the middle of a buffer."""
 
@@ -62,7 +94,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refusal: tuple[int, str] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's narrowing
-        super().connection_made(transport)
+        coalesced: Any = _CoalescedWrites(transport, self.loop)
+        super().connection_made(coalesced)
         # A client that connects and sends nothing must not hold the connection either.
         self._head_timer = self._arm(self.limits.header_timeout_s, self._head_expired)
 

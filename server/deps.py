@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from proctor.server.service import Dataserver
+from proctor.server.dataserver import Dataserver
 
 __all__ = ["DataserverDep", "json_body"]
 

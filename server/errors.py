@@ -1,5 +1,6 @@
-"""Domain errors that routes raise, and the handlers that turn every client error into a 4xx with a
-``detail`` naming the field and the fix."""
+"""The handlers that turn every client error into a 4xx with a ``detail`` naming the field and the fix, and the
+error bodies of the OpenAPI description. The errors routes raise are defined in ``proctor.server.exceptions``
+(no FastAPI there) and re-exported here."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from proctor.server.exceptions import ConflictError, InvalidRequestError, ProctorError, RequestError, UnavailableError
+
 __all__ = [
     "ConflictError",
     "ErrorBody",
     "InvalidRequestError",
     "ProctorError",
+    "RequestError",
     "UnavailableError",
     "ValidationErrorBody",
     "error_responses",
@@ -59,38 +63,6 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": _ERROR_RESPONSES[code][0], "description": _ERROR_RESPONSES[code][1]} for code in codes}
 
 
-class ProctorError(Exception):
-    """An error with an HTTP status and a message for the client."""
-
-    status_code = 400
-
-    def __init__(self, detail: str) -> None:
-        self.detail = detail
-        super().__init__(detail)
-
-
-class InvalidRequestError(ProctorError):
-    """A well-formed request whose values the server cannot accept (422)."""
-
-    status_code = 422
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(f"{field}: {message}")
-
-
-class ConflictError(ProctorError):
-    """A request that contradicts what the server already recorded (409)."""
-
-    status_code = 409
-
-
-class UnavailableError(ProctorError):
-    """The server cannot serve safely any more, e.g. its state file stopped accepting writes (503)."""
-
-    status_code = 503
-
-
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path") else loc)
     out = ""
@@ -119,8 +91,8 @@ def _message(error: Mapping[str, Any]) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ProctorError)
-    async def _proctor_error(request: Request, exc: ProctorError) -> JSONResponse:
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)

@@ -17,13 +17,14 @@ from pydantic import ValidationError
 
 from proctor.server.curriculum.engine import TransitionRecord
 from proctor.server.curriculum.loader import Curriculum
+from proctor.server.exceptions import ProctorError
 from proctor.server.protocol import CurriculumState
 from proctor.server.store import Store
 
 __all__ = ["HistoryError", "StageHistory", "adopt_history", "read_history"]
 
 
-class HistoryError(ValueError):
+class HistoryError(ProctorError, ValueError):
     """A transitions file that cannot be adopted; the message says why and what to do."""
 
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from proctor.server.curriculum.loader import Curriculum
+    from proctor.server.curriculum.statistics import CurriculumStatistics
+    from proctor.server.store import GradeRow
 
 __all__ = ["Metrics"]
 
@@ -64,7 +72,7 @@ class Metrics:
         )
         self.grader_errors = Counter(
             "proctor_grader_errors",
-            "Completions whose grading failed, by grader and kind (error, timeout, crash, stale).",
+            "Completions whose grading failed, by grader and kind (error, timeout, crash, remote, stale).",
             ["grader", "kind"],
             registry=r,
         )
@@ -86,3 +94,25 @@ class Metrics:
         )
         self.last_iteration = Gauge("proctor_last_iteration", "Highest iteration sampled so far.", registry=r)
         self.transitions = Counter("proctor_stage_transitions", "Stage transitions recorded.", registry=r)
+
+    def publish_stage(self, curriculum: Curriculum, current: int) -> None:
+        """The current stage, after a transition or a restart."""
+        self.current_stage.set(current)
+        for s in curriculum.stages:
+            self.stage_active.labels(s.name).set(1 if s.index == current else 0)
+
+    def count_grades(
+        self, curriculum: Curriculum, statistics: CurriculumStatistics, rows: Iterable[GradeRow], touched: set[int]
+    ) -> None:
+        """Newly stored error-free grades, and the rolling rewards of the stages they moved."""
+        per_source: dict[tuple[int, str], int] = {}
+        for row in rows:
+            if row.error is None:
+                per_source[row.stage, row.source] = per_source.get((row.stage, row.source), 0) + 1
+                self.reward.labels(curriculum.stages[row.stage].name).observe(row.reward)
+        for (stage, source), n in per_source.items():
+            self.grades.labels(curriculum.stages[stage].name, source).inc(n)
+        for stage in touched:
+            rolling = statistics.stages[stage].rolling
+            if rolling is not None:
+                self.rolling_reward.labels(curriculum.stages[stage].name).set(rolling)

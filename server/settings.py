@@ -13,12 +13,13 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proctor.curricula import builtin_path
+from proctor.server.exceptions import ProctorError
 from proctor.server.grading.pool import default_workers
 
 __all__ = ["Settings", "SettingsError", "load_settings"]
 
 
-class SettingsError(ValueError):
+class SettingsError(ProctorError, ValueError):
     """Invalid configuration; the message names the environment variable to fix."""
 
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from proctor.server.curriculum.engine import TransitionRecord
+from proctor.server.exceptions import ProctorError
 
 __all__ = [
     "NO_SLOT",
@@ -38,6 +39,11 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 2
+T = TypeVar("T")
+
+# Rows and keys per statement: far below SQLite's limit of 32,766 bound values.
+_ROWS_PER_STATEMENT = 256
+_KEYS_PER_STATEMENT = 512
 NO_SLOT = -1  # the slot of a grade whose client did not send one (it is told apart by its sample_id alone)
 
 _SCHEMA = """
@@ -106,7 +112,7 @@ UPDATE meta SET value = '2' WHERE key = 'schema_version';
 )
 
 
-class StateMismatchError(RuntimeError):
+class StateMismatchError(ProctorError, RuntimeError):
     """The state file was written for another curriculum or seed."""
 
 
@@ -145,6 +151,12 @@ class StageTotals:
 
 class Store:
     def __init__(self, path: str | Path, *, synchronous: Literal["normal", "full"] = "normal") -> None:
+        if sqlite3.sqlite_version_info < (3, 35):
+            # Grades are stored with INSERT … RETURNING (3.35, 2021).
+            raise RuntimeError(
+                f"proctor needs SQLite 3.35 or newer, and Python's sqlite3 here uses {sqlite3.sqlite_version}; "
+                "use a Python built against a newer SQLite (e.g. the python:3.11 Docker images)"
+            )
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -244,18 +256,24 @@ class Store:
 
         ``samples_json`` is ``row.samples`` already encoded, when the caller has it.
         """
+        self.record_iterations([(row, transitions, samples_json)])
+
+    def record_iterations(self, entries: Sequence[tuple[IterationRow, Sequence[TransitionRecord], str | None]]) -> None:
+        """:meth:`record_iteration` for several iterations (in the order given) in one transaction: one
+        commit instead of one each."""
         now = time.time()
         with self._tx():
-            self._db.execute(
-                "INSERT INTO iterations (iteration, batch_size, stage, samples, created_at) VALUES (?, ?, ?, ?, ?)",
-                (row.iteration, row.batch_size, row.stage, samples_json or json.dumps(row.samples), now),
-            )
-            self._db.executemany(
-                "INSERT INTO served (sample_id, iteration) VALUES (?, ?) ON CONFLICT (sample_id) DO UPDATE"
-                " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
-                [(sid, row.iteration) for sid in {s["sample_id"] for s in row.samples}],
-            )
-            self._insert_transitions(transitions, now)
+            for row, transitions, samples_json in entries:
+                self._db.execute(
+                    "INSERT INTO iterations (iteration, batch_size, stage, samples, created_at) VALUES (?, ?, ?, ?, ?)",
+                    (row.iteration, row.batch_size, row.stage, samples_json or json.dumps(row.samples), now),
+                )
+                self._db.executemany(
+                    "INSERT INTO served (sample_id, iteration) VALUES (?, ?) ON CONFLICT (sample_id) DO UPDATE"
+                    " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
+                    [(sid, row.iteration) for sid in {s["sample_id"] for s in row.samples}],
+                )
+                self._insert_transitions(transitions, now)
 
     def adopt_transitions(self, transitions: Sequence[TransitionRecord], decided_through: int | None) -> None:
         """Record transitions decided by another run, and how far that run had decided (see
@@ -296,12 +314,14 @@ class Store:
         return [TransitionRecord(*r) for r in rows]
 
     def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]:
-        """The latest iteration that served each id (ids never served are absent): one indexed look-up each."""
+        """The latest iteration that served each id (ids never served are absent)."""
         out: dict[str, int] = {}
-        for sid in set(sample_ids):
-            row = self._db.execute("SELECT iteration FROM served WHERE sample_id = ?", (sid,)).fetchone()
-            if row is not None:
-                out[sid] = int(row[0])
+        for part in _parts(sorted(set(sample_ids)), _KEYS_PER_STATEMENT):
+            marks = ",".join("?" * len(part))
+            for sid, iteration in self._db.execute(
+                f"SELECT sample_id, iteration FROM served WHERE sample_id IN ({marks})", part
+            ):
+                out[sid] = int(iteration)
         return out
 
     def has_grades(self, iteration: int) -> bool:
@@ -312,15 +332,20 @@ class Store:
     # --- grades -----------------------------------------------------------------------------------------
 
     def find_grades(self, keys: Iterable[GradeKey]) -> dict[GradeKey, GradeRow]:
+        """The stored grades of ``keys`` (keys without one are absent), a statement per few hundred keys."""
         out: dict[GradeKey, GradeRow] = {}
-        for key in keys:
-            row = self._db.execute(
-                "SELECT stage, source, reward, components, error FROM grades WHERE iteration = ? AND sample_id = ?"
-                " AND slot = ? AND completion_index = ? AND completion_sha = ?",
-                key,
-            ).fetchone()
-            if row is not None:
-                out[key] = GradeRow(key, row[0], row[1], row[2], json.loads(row[3]), row[4])
+        for part in _parts(list(keys), _KEYS_PER_STATEMENT):
+            values = ",".join(["(?,?,?,?,?)"] * len(part))
+            rows = self._db.execute(
+                f"WITH k (iteration, sample_id, slot, completion_index, completion_sha) AS (VALUES {values})"
+                " SELECT g.iteration, g.sample_id, g.slot, g.completion_index, g.completion_sha, g.stage, g.source,"
+                " g.reward, g.components, g.error FROM k JOIN grades AS g"
+                " USING (iteration, sample_id, slot, completion_index, completion_sha)",
+                [v for key in part for v in key],
+            )
+            for *key, stage, source, reward, components, error in rows:
+                k: GradeKey = (key[0], key[1], key[2], key[3], key[4])
+                out[k] = GradeRow(k, stage, source, reward, json.loads(components), error)
         return out
 
     def insert_grades(self, rows: Sequence[GradeRow]) -> list[GradeOutcome]:
@@ -328,26 +353,30 @@ class Store:
         error result of the same key (errors are retried, successes are final); ``exists`` when a successful
         grade of that key was already stored (a concurrent duplicate), which the caller reads back instead."""
         now = time.time()
-        outcome: list[GradeOutcome] = []
+        written: dict[GradeKey, GradeOutcome] = {}
         with self._tx():
-            for r in rows:
-                values = (r.stage, r.source, r.reward, json.dumps(r.components), r.error, now)
-                cur = self._db.execute(
-                    "INSERT OR IGNORE INTO grades (iteration, sample_id, slot, completion_index, completion_sha,"
-                    " stage, source, reward, components, error, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (*r.key, *values),
-                )
-                if cur.rowcount == 1:
-                    outcome.append("inserted")
-                    continue
-                cur = self._db.execute(
-                    "UPDATE grades SET stage = ?, source = ?, reward = ?, components = ?, error = ?, created_at = ?"
-                    " WHERE iteration = ? AND sample_id = ? AND slot = ? AND completion_index = ?"
-                    " AND completion_sha = ? AND error IS NOT NULL",
-                    (*values, *r.key),
-                )
-                outcome.append("replaced_error" if cur.rowcount == 1 else "exists")
-        return outcome
+            # One writer, in a transaction: a row whose seq is above this one was inserted now, any other
+            # row the upsert returns was an error it replaced.
+            (before,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM grades").fetchone()
+            for part in _parts(list(rows), _ROWS_PER_STATEMENT):
+                values = ",".join(["(?,?,?,?,?,?,?,?,?,?,?)"] * len(part))
+                returned = self._db.execute(
+                    "INSERT INTO grades (iteration, sample_id, slot, completion_index, completion_sha, stage, source,"
+                    f" reward, components, error, created_at) VALUES {values}"
+                    " ON CONFLICT (iteration, sample_id, slot, completion_index, completion_sha) DO UPDATE SET"
+                    " stage = excluded.stage, source = excluded.source, reward = excluded.reward,"
+                    " components = excluded.components, error = excluded.error, created_at = excluded.created_at"
+                    " WHERE grades.error IS NOT NULL"
+                    " RETURNING seq, iteration, sample_id, slot, completion_index, completion_sha",
+                    [
+                        v
+                        for r in part
+                        for v in (*r.key, r.stage, r.source, r.reward, json.dumps(r.components), r.error, now)
+                    ],
+                ).fetchall()
+                for seq, *key in returned:
+                    written[(key[0], key[1], key[2], key[3], key[4])] = "inserted" if seq > before else "replaced_error"
+        return [written.get(r.key, "exists") for r in rows]
 
     # --- statistics for a restart -----------------------------------------------------------------------
 
@@ -374,6 +403,11 @@ class Store:
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+def _parts(items: list[T], size: int) -> Iterator[list[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 class _Transaction:

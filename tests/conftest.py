@@ -18,9 +18,9 @@ import uvicorn
 import yaml
 from fastapi import FastAPI
 
+from proctor.cli.launcher import ServerProcess
 from proctor.server.app import create_app
 from proctor.server.connection import uvicorn_options
-from proctor.server.launcher import ServerProcess
 from proctor.server.settings import Settings
 
 GRADERS_PY = """

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def imported_after(statement: str) -> set[str]:
@@ -18,7 +21,21 @@ def test_the_wire_models_import_without_fastapi() -> None:
     assert "starlette" not in modules
 
 
-def test_the_server_never_imports_torch() -> None:
-    modules = imported_after("import proctor.server.app, proctor.server.cli, proctor.server.grading.builtin")
+def test_the_server_and_the_command_line_never_import_torch() -> None:
+    modules = imported_after("import proctor.server.app, proctor.cli.main, proctor.server.grading.builtin")
     assert "torch" not in modules
     assert "transformers" not in modules
+
+
+def test_the_server_never_imports_the_client() -> None:
+    # Every module of proctor.server, imported in one fresh interpreter.
+    modules = imported_after(
+        "import importlib, pkgutil, proctor.server; "
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(proctor.server.__path__, 'proctor.server.')]"
+    )
+    assert "proctor.server.app" in modules  # the walk did import the package
+    assert not {m for m in modules if m == "proctor.client" or m.startswith("proctor.client.")}
+    assert "torch" not in modules
+    # A lazy import inside a function would escape the check above.
+    mentions = [str(f.relative_to(ROOT)) for f in (ROOT / "server").rglob("*.py") if "proctor.client" in f.read_text()]
+    assert not mentions, f"server/ must not import proctor.client: {mentions}"

@@ -31,6 +31,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from proctor.server.exceptions import ProctorError
+
 __all__ = [
     "AdvanceGate",
     "ArithmeticSourceSpec",
@@ -52,7 +54,7 @@ _FILE_KINDS = {".jsonl": "jsonl", ".parquet": "parquet", ".csv": "csv"}
 _UNION_TAGS = {"arithmetic", *_FILE_KINDS.values()}
 
 
-class CurriculumError(ValueError):
+class CurriculumError(ProctorError, ValueError):
     """A curriculum that cannot be loaded. ``problems`` holds ``(yaml_path, message)`` pairs."""
 
     def __init__(self, problems: list[tuple[str, str]], *, file: str | None = None) -> None:

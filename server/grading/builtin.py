@@ -6,7 +6,10 @@ checks that block itself and ``length_cap`` the reported token count. A wrong co
 grader that cannot score at all (bad params, no reference answer, no token count) raises ``ValueError``
 saying what to fix.
 
-``math_verify`` and ``jsonschema`` are imported on first use, so importing this module stays cheap.
+``math`` reads a reference and a response that are both plain numbers (``42``, ``3/4``, ``\\boxed{0.5}``, see
+:mod:`proctor.server.grading.numbers`) with exact arithmetic, and hands everything else to ``math_verify``,
+parsing each reference once per process. ``math_verify`` and ``jsonschema`` are imported on first use, so
+importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -16,15 +19,18 @@ import re
 import signal
 import threading
 from collections.abc import Mapping
+from fractions import Fraction
 from functools import lru_cache
 from math import ceil, isclose
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from proctor.server.grading.base import GradeInput, GraderFn
+from proctor.server.grading.numbers import plain_number
 
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
 __all__ = [
     "BUILTIN_GRADERS",
@@ -48,6 +54,28 @@ _WHITESPACE = re.compile(r"\s+")
 _THINK_BLOCK = re.compile(r"\s*<think>(.*?)</think>(.*)", re.DOTALL)
 # math_verify reads LaTeX only inside a delimiter: a bare reference like "x^2+1" would parse to nothing.
 _LATEX_DELIMITED = re.compile(r"\\boxed|\$|\\\(|\\\[")
+# Outside a LaTeX delimiter math_verify reads a response with its expression regexes, which misread some plain
+# numbers: "+3", "\u22123", "-042", "-.5" and a bare "\dfrac{1}{2}" or "\tfrac{1}{2}" give no answer at all;
+# "1{,}234" reads as 1, "03/4" and "3/04" as 3. Inside $...$, \(...\) or \boxed{} (and in a reference, which is
+# always delimited) LaTeX parsing reads all of these right. So a bare response takes the fast path only in
+# the forms below, and only because math_verify was checked to read each of them as plain arithmetic does.
+_BARE_AS_MATH_VERIFY_READS_IT = re.compile(
+    r"""
+    -?\\frac\{-?[0-9]+\}\{-?[0-9]+\}
+  | -?(?:0|[1-9][0-9]*)/[1-9][0-9]*
+  | -?[1-9][0-9]{0,2}(?:,[0-9]{3})+(?:\.[0-9]+)?
+  | [0-9]+(?:\.[0-9]+)?
+  | \.[0-9]+
+  | -(?:0|[1-9][0-9]*)(?:\.[0-9]+)?
+    """,
+    re.VERBOSE,
+)
+# With a decimal on either side math_verify compares rounded to 6 places (so 1/3 == 0.3333333), in sympy
+# Floats of 15 significant digits (so two equal 18-digit decimals can differ). Plain arithmetic decides only
+# far from both: equal values written in at most 15 digits, or values further apart than either effect.
+_FLOAT_DIGITS = 15
+_APART_ABS = Fraction(1, 10**5)
+_APART_REL = Fraction(1, 10**12)
 
 
 def _need_answer(grader: str, sample: GradeInput) -> str:
@@ -158,22 +186,98 @@ def _math_verify_timeout(timeout_s: float) -> int | None:
     return ceil(timeout_s)
 
 
+@lru_cache(maxsize=1)
+def _extraction_configs() -> tuple[
+    tuple[LatexExtractionConfig, ExprExtractionConfig], tuple[LatexExtractionConfig, ExprExtractionConfig]
+]:
+    """The math_verify extraction configs ``math`` parses with: ``(for the reference, for the response)``."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    # Both are math_verify's defaults, spelled out because they decide what counts as an answer.
+    # The reference always reaches math_verify inside a LaTeX delimiter (a bare one is wrapped in \boxed{}), so
+    # LaTeX extraction reads it; expression extraction stays second for references that mix LaTeX with plain
+    # text ("$x$ = 5" gives 5, not x), and keeps every reference meaning what it meant to the old grader.
+    # For the response, LaTeX extraction catches \boxed{} (tried before all but a "final answer is" phrase),
+    # $...$ and \frac; expression extraction catches a bare "42", "3/4" or "x = 19", which a LaTeX-only setup
+    # (as kolibrify had) scores 0. math_verify tries the patterns of both by priority and position, so the
+    # order only breaks exact ties, in favour of the LaTeX reading. One pair for both sides, too: math_verify
+    # keeps only the last config's compiled regexes, so two different pairs would recompile them every call.
+    both = (LatexExtractionConfig(), ExprExtractionConfig())
+    return both, both
+
+
+class _UnparsedReference(Exception):
+    pass
+
+
+@lru_cache(maxsize=4096)
+def _parsed_reference(answer: str, timeout: int | None) -> tuple[Any, ...]:
+    from math_verify import parse
+
+    gold_configs, _ = _extraction_configs()
+    gold = parse(
+        answer if _LATEX_DELIMITED.search(answer) else f"\\boxed{{{answer}}}",
+        extraction_config=list(gold_configs),
+        parsing_timeout=timeout,
+    )
+    if not gold:
+        # Raised, not returned, so the cache keeps no failure: a parse that only timed out is tried again.
+        raise _UnparsedReference
+    return tuple(gold)
+
+
+@lru_cache(maxsize=4096)
+def _reference_number(answer: str) -> Fraction | None:
+    return plain_number(answer)
+
+
+def _digits(text: str) -> int:
+    return sum(c.isdigit() for c in text)
+
+
+def _plain_verdict(answer: str, response: str) -> float | None:
+    """The verdict math_verify would give, where both sides are plain numbers it reads as such; else ``None``."""
+    want = _reference_number(answer)
+    if want is None:
+        return None
+    if _LATEX_DELIMITED.search(response) is None and not _BARE_AS_MATH_VERIFY_READS_IT.fullmatch(response.strip()):
+        return None
+    got = plain_number(response)
+    if got is None:
+        return None
+    if "." not in answer and "." not in response:
+        return 1.0 if got == want else 0.0
+    if got == want:
+        return 1.0 if max(_digits(answer), _digits(response)) <= _FLOAT_DIGITS else None
+    if abs(got - want) > _APART_ABS + _APART_REL * max(abs(got), abs(want)):
+        return 0.0
+    return None
+
+
 def math(sample: GradeInput, /, *, timeout_s: float = 5) -> float:
     """1.0 if ``math_verify`` finds the response equivalent to the answer; ``timeout_s`` per parse/compare."""
-    from math_verify import parse, verify
-
     answer = _need_answer("math", sample)
     if not timeout_s > 0:
         raise ValueError(f"math: timeout_s must be > 0, got {timeout_s!r}")
+    response = sample.response
+    verdict = _plain_verdict(answer, response)
+    if verdict is not None:
+        return verdict
+
+    from math_verify import parse, verify
+
     timeout = _math_verify_timeout(timeout_s)
-    gold = parse(answer if _LATEX_DELIMITED.search(answer) else f"\\boxed{{{answer}}}", parsing_timeout=timeout)
-    if not gold:
+    try:
+        gold = _parsed_reference(answer, timeout)
+    except _UnparsedReference:
         raise ValueError(
             f"math: could not parse the reference answer {answer!r} as math (or it took over {timeout_s}s); "
             "write it as LaTeX, e.g. \\frac{1}{2}, or use exact_match for non-math answers"
-        )
-    pred = parse(sample.response, parsing_timeout=timeout)
-    return 1.0 if pred and verify(gold, pred, timeout_seconds=timeout) else 0.0
+        ) from None
+    _, response_configs = _extraction_configs()
+    pred = parse(response, extraction_config=list(response_configs), parsing_timeout=timeout)
+    # verify takes a list, not a tuple, as the set of a side's readings.
+    return 1.0 if pred and verify(list(gold), pred, timeout_seconds=timeout) else 0.0
 
 
 def regex(

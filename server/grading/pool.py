@@ -1,10 +1,18 @@
-"""A pool of grader processes with a per-completion timeout.
+"""A pool of grader processes, each completion held to its own time limit.
 
 Graders are arbitrary Python (sympy-backed math checks, user code) that may be slow, hang, or crash the
-interpreter. Each completion is sent to one idle worker process; the event loop waits for the answer on
-the worker's pipe with a deadline. A worker that misses its deadline is killed and replaced: unlike a
-thread, a process can be stopped mid-computation, which is why a plain ``ProcessPoolExecutor`` (whose
-futures cannot be cancelled once running) is not used here.
+interpreter, so they run in worker processes. A request's completions go to the workers in chunks, one
+message per chunk each way (the round trip to a process costs more than a plain-number grade):
+
+- **Time limits.** A worker arms a timer for each completion; when it fires, the grader is interrupted with
+  an exception that ``except Exception`` does not catch, that completion is a timeout, and the worker goes on
+  with the next. A grader that cannot be interrupted (stuck in C code, or one that disarms the timer) is
+  caught by the server instead: it expects a message from the worker at least every time limit plus
+  ``_FLUSH_S`` (a worker sends what it has whenever that long has passed), kills the worker when none
+  comes, and starts a fresh one.
+- **Attribution.** Results are sent in order. When a worker dies or is killed with results unsent, it is not
+  known which of the unanswered completions was at fault: if there is one, it is; if there are several, each
+  runs again on its own, and the one that fails alone is the one that fails.
 
 Workers are fresh interpreters (``python -m proctor.server.grading.pool FD PPID``) talking over a socket pair,
 not ``multiprocessing`` children: those re-import the parent's ``__main__`` module in every worker, which
@@ -26,42 +34,41 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from types import FrameType
 from typing import Any
 
+from proctor.server.exceptions import ProctorError
 from proctor.server.grading.base import GradeInput
+from proctor.server.grading.outcome import FailureKind, GraderOutcome
 from proctor.server.grading.registry import LocalGrader, load_callable
 
-__all__ = [
-    "GraderCrashed",
-    "GraderPool",
-    "GraderPoolError",
-    "GraderTimeout",
-    "ItemScores",
-    "default_workers",
-]
+__all__ = ["GraderPool", "GraderPoolError", "Task", "TaskOutcomes", "default_workers"]
 
 log = logging.getLogger("proctor.grading")
 
 _BOOT_TIMEOUT_S = 60.0
 _MIN_CHUNK, _MAX_CHUNK = 8, 64  # tasks per message to a worker
+# A worker sends the results it has whenever this long has passed since it last sent: the server then
+# hears from a healthy worker at least every time limit + _FLUSH_S, without a message per completion.
+_FLUSH_S = 0.05
+# How late past that a worker may be before the server kills it: a timer interrupts Python code only
+# between bytecodes, so a grader busy in one long C call overruns its limit by that call.
+_GRACE_S = 1.0
 
-# What one task returns: a score per grader key, or the error text of a grader that raised.
-ItemScores = dict[str, float | str]
+# One completion with the local graders of its source.
+Task = tuple[Sequence[LocalGrader], GradeInput]
+# A task's outcome per grader key.
+TaskOutcomes = dict[str, GraderOutcome]
+# What a worker sends back for one grader of one task: a score, or (FailureKind value, message).
+_Raw = float | tuple[str, str]
 
 
-class GraderPoolError(Exception):
-    """A completion whose graders did not return."""
-
-
-class GraderTimeout(GraderPoolError):
-    pass
-
-
-class GraderCrashed(GraderPoolError):
-    pass
+class GraderPoolError(ProctorError):
+    """The pool cannot grade at all: it is shut down, or a worker process would not start."""
 
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -88,18 +95,59 @@ def _die_with(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _worker_main(conn: Connection, preload: Sequence[str]) -> None:
-    """Runs in each worker process: grade chunks of tasks until the connection closes (or the server dies).
+class _OutOfTime(BaseException):
+    """Raised into a grader by the worker's timer. A BaseException, so that a grader's own
+    ``except Exception`` (math_verify has many) cannot turn a timeout into a score."""
 
-    A chunk is a list of ``(graders, sample)`` tasks; the result of each task is sent as soon as it is ready,
-    so that the server can hold every task to its own time limit.
+
+_loaded: dict[str, Any] = {}  # grader functions by reference, imported once per worker
+_armed = False  # whether a task's timer is running: a signal that lands after the task ended is dropped
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    if _armed:
+        raise _OutOfTime
+
+
+def _timed_out(n: int, timeout_s: float) -> list[_Raw]:
+    return [(FailureKind.TIMEOUT.value, f"graders did not finish within {timeout_s:g}s")] * n
+
+
+def _grade(graders: Sequence[tuple[str, str, Mapping[str, Any]]], sample: GradeInput, timeout_s: float) -> list[_Raw]:
+    """The task's results, one per grader, within ``timeout_s`` for all of them together."""
+    global _armed
+    out: list[_Raw] = []
+    _armed = True
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        for _, ref, params in graders:
+            try:
+                fn = _loaded.get(ref)
+                if fn is None:
+                    fn = _loaded[ref] = load_callable(ref)
+                score = float(fn(sample, **params))
+                if not math.isfinite(score):
+                    raise ValueError(f"returned {score}, not a finite number")
+                out.append(score)
+            except Exception as exc:
+                out.append((FailureKind.ERROR.value, f"{type(exc).__name__}: {exc}"))
+    finally:
+        _armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return out
+
+
+def _worker_main(conn: Connection, preload: Sequence[str]) -> None:
+    """Runs in each worker process: grade chunks until the connection closes (or the server dies).
+
+    A chunk is ``(timeout_s, grader_sets, tasks)`` with tasks ``(index into grader_sets, GradeInput fields)``. Results
+    go back in order, in lists sent whenever ``_FLUSH_S`` has passed and at the end of the chunk.
     """
     # Ctrl-C goes to the whole process group; the server decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for module in preload:
         __import__(module)
     conn.send("ready")
-    fns: dict[str, Any] = {}
     while True:
         try:
             chunk = conn.recv()
@@ -107,20 +155,23 @@ def _worker_main(conn: Connection, preload: Sequence[str]) -> None:
             return
         if chunk is None:
             return
-        for graders, sample in chunk:
-            out: ItemScores = {}
-            for key, ref, params in graders:
-                try:
-                    fn = fns.get(ref)
-                    if fn is None:
-                        fn = fns[ref] = load_callable(ref)
-                    score = float(fn(sample, **params))
-                    if not math.isfinite(score):
-                        raise ValueError(f"returned {score}, not a finite number")
-                    out[key] = score
-                except Exception as exc:
-                    out[key] = f"{type(exc).__name__}: {exc}"
-            conn.send(out)
+        timeout_s, grader_sets, tasks = chunk
+        # Set again for every chunk: a grader may have installed a handler of its own.
+        signal.signal(signal.SIGALRM, _on_alarm)
+        done: list[list[_Raw]] = []
+        sent = time.monotonic()
+        for index, fields in tasks:
+            graders = grader_sets[index]
+            try:
+                done.append(_grade(graders, GradeInput(*fields), timeout_s))
+            except _OutOfTime:  # raised inside the grader, or as _grade was disarming the timer
+                done.append(_timed_out(len(graders), timeout_s))
+            now = time.monotonic()
+            if now - sent >= _FLUSH_S:
+                conn.send(done)
+                done, sent = [], now
+        if done:
+            conn.send(done)
 
 
 @dataclass(eq=False)
@@ -176,91 +227,104 @@ class GraderPool:
         self._all.add(worker)
         return worker
 
-    async def run(self, graders: Sequence[LocalGrader], sample: GradeInput, timeout_s: float) -> ItemScores:
-        """Grade one completion with every local grader of its source.
+    async def run(self, graders: Sequence[LocalGrader], sample: GradeInput, timeout_s: float) -> TaskOutcomes:
+        """Grade one completion with every local grader of its source, within ``timeout_s`` together."""
+        [outcomes] = await self.run_many([(graders, sample)], timeout_s)
+        return outcomes
 
-        Raises :class:`GraderTimeout` when the graders together take longer than ``timeout_s`` seconds and
-        :class:`GraderCrashed` when the worker process dies; a grader that raises is reported in the
-        returned mapping as its error text.
-        """
-        [result] = await self.run_many([(graders, sample)], timeout_s)
-        if isinstance(result, GraderPoolError):
-            raise result
-        return result
+    async def run_many(self, tasks: Sequence[Task], timeout_s: float) -> list[TaskOutcomes]:
+        """Grade many completions, each within ``timeout_s``: the outcomes of each task, in order.
 
-    async def run_many(
-        self, tasks: Sequence[tuple[Sequence[LocalGrader], GradeInput]], timeout_s: float
-    ) -> list[ItemScores | GraderPoolError]:
-        """Grade many completions, each within ``timeout_s``; a result per task, in order.
-
-        The tasks are spread over the workers in chunks (one message per chunk, not per task: the round
-        trip to a process costs more than most graders). A worker answers task by task, and each answer
-        has ``timeout_s`` from the previous one; a task that misses it gets a :class:`GraderTimeout`, its
-        worker is replaced, and the tasks of the chunk it never started go back to the queue.
+        A grader that raises, runs out of time or takes its process down is a failed outcome of that
+        grader for that completion, never an exception here; the other completions are graded as usual.
         """
         if self._closed:
             raise GraderPoolError("the grader pool is shut down")
-        results: list[ItemScores | GraderPoolError | None] = [None] * len(tasks)
-        queue = list(range(len(tasks)))
-        queue.reverse()  # popped from the end: first task first
+        results: list[TaskOutcomes | None] = [None] * len(tasks)
+        queue = deque(range(len(tasks)))
+        suspects: deque[int] = deque()  # tasks of a failed chunk whose fault is not known: run one by one
 
         async def drain() -> None:
-            while queue:
+            while queue or suspects:
                 worker = await self._idle.get()
-                if not queue:
+                if not (queue or suspects):
                     self._idle.put_nowait(worker)
                     return
-                # Share what is left among the workers, so that one request uses all of them, but not in
-                # slivers: waking a process costs about as much as grading a few cheap completions.
-                size = min(_MAX_CHUNK, max(_MIN_CHUNK, -(-len(queue) // self.size)))
-                chunk = [queue.pop() for _ in range(min(size, len(queue)))]
-                done = await self._run_chunk(worker, [tasks[i] for i in chunk], timeout_s)
-                for i, result in zip(chunk, done, strict=False):
-                    results[i] = result
-                queue.extend(reversed(chunk[len(done) :]))  # not started: back to the front of the queue
+                if suspects:
+                    chunk = [suspects.popleft()]
+                else:
+                    # Share what is left among the workers, so that one request uses all of them, but not in
+                    # slivers: waking a process costs about as much as grading a few cheap completions.
+                    size = min(_MAX_CHUNK, max(_MIN_CHUNK, -(-len(queue) // self.size)))
+                    chunk = [queue.popleft() for _ in range(min(size, len(queue)))]
+                done, failure = await self._run_chunk(worker, [tasks[i] for i in chunk], timeout_s)
+                for i, raw in zip(chunk, done, strict=False):
+                    results[i] = _outcomes(tasks[i][0], raw)
+                unanswered = chunk[len(done) :]
+                if failure is not None and len(unanswered) == 1:
+                    results[unanswered[0]] = {g.key: failure for g in tasks[unanswered[0]][0]}
+                else:
+                    suspects.extend(unanswered)
 
         # No more drainers than there are chunks to take: a spare one would wait for a worker only to hand it
-        # back, holding the request up (a timed-out worker's replacement takes a while to arrive).
+        # back, holding the request up (a failed worker's replacement takes a while to arrive).
         chunks = -(-len(tasks) // _MIN_CHUNK)
         await asyncio.gather(*(drain() for _ in range(min(self.size, chunks))))
-        return [r if r is not None else GraderPoolError("not graded") for r in results]
+        lost = GraderOutcome.failed(FailureKind.CRASH, "not graded: the grader pool stopped")
+        return [r if r is not None else {g.key: lost for g in t[0]} for r, t in zip(results, tasks, strict=True)]
 
     async def _run_chunk(
-        self, worker: _Worker, chunk: list[tuple[Sequence[LocalGrader], GradeInput]], timeout_s: float
-    ) -> list[ItemScores | GraderPoolError]:
-        """Results of the chunk's tasks in order, up to and including the first that failed the worker."""
+        self, worker: _Worker, chunk: list[Task], timeout_s: float
+    ) -> tuple[list[list[_Raw]], GraderOutcome | None]:
+        """The chunk's results in order, and, if the worker failed before answering them all, why."""
         loop = asyncio.get_running_loop()
         fd = worker.conn.fileno()
-        out: list[ItemScores | GraderPoolError] = []
-        healthy = False
+        out: list[list[_Raw]] = []
+        failure: GraderOutcome | None = None
+        # Each source's graders are sent once per chunk, not with every completion.
+        sets: dict[int, int] = {}
+        grader_sets: list[list[tuple[str, str, dict[str, Any]]]] = []
+        # Samples go as plain tuples: pickling a slotted dataclass costs several times as much.
+        numbered: list[tuple[int, tuple[Any, ...]]] = []
+        for graders, sample in chunk:
+            index = sets.get(id(graders))
+            if index is None:
+                index = sets[id(graders)] = len(grader_sets)
+                grader_sets.append([(g.key, g.ref, dict(g.params)) for g in graders])
+            fields = (sample.prompt, sample.completion, sample.answer, sample.metadata, sample.completion_tokens)
+            numbered.append((index, fields))
         try:
-            worker.conn.send([([(g.key, g.ref, dict(g.params)) for g in graders], sample) for graders, sample in chunk])
-            for _ in chunk:
+            worker.conn.send((timeout_s, grader_sets, numbered))
+            while len(out) < len(chunk):
                 if not worker.conn.poll():
                     ready: asyncio.Future[None] = loop.create_future()
                     loop.add_reader(fd, _resolve, ready)
                     try:
-                        await asyncio.wait_for(ready, timeout_s)
+                        await asyncio.wait_for(ready, timeout_s + _FLUSH_S + _GRACE_S)
                     except TimeoutError:
-                        out.append(GraderTimeout(f"graders did not finish within {timeout_s:g}s"))
-                        return out
+                        # Its own timer did not stop the grader: kill the worker (see the module's docstring).
+                        failure = GraderOutcome.failed(
+                            FailureKind.TIMEOUT, f"graders did not finish within {timeout_s:g}s"
+                        )
+                        return out, failure
                     finally:
                         loop.remove_reader(fd)
                 try:
-                    out.append(worker.conn.recv())
+                    out.extend(worker.conn.recv())
                 except (EOFError, OSError):
                     # The socket closes a moment before the process is reaped; wait for the exit code.
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         await asyncio.to_thread(worker.process.wait, 2.0)
-                    out.append(GraderCrashed(f"the grader process died (exit code {worker.process.returncode})"))
-                    return out
-            healthy = True
-            return out
+                    failure = GraderOutcome.failed(
+                        FailureKind.CRASH, f"the grader process died (exit code {worker.process.returncode})"
+                    )
+                    return out, failure
+            return out, None
         finally:
-            if healthy:
+            if len(out) == len(chunk) and failure is None:
                 self._idle.put_nowait(worker)
             else:
-                # Timed out, crashed or cancelled mid-chunk: the worker's state is unknown, so replace it.
+                # Failed, or cancelled mid-chunk: the worker's state is unknown, so replace it.
                 self._all.discard(worker)
                 self.replaced += 1
                 self._replacing.add(loop.create_task(self._replace(worker)))
@@ -318,6 +382,16 @@ class GraderPool:
     def pids(self) -> Mapping[int, bool]:
         """Worker pids and whether each is alive (for tests and diagnostics)."""
         return {w.process.pid: w.process.poll() is None for w in self._all}
+
+
+def _outcomes(graders: Sequence[LocalGrader], raw: Sequence[_Raw]) -> TaskOutcomes:
+    out: TaskOutcomes = {}
+    for g, r in zip(graders, raw, strict=True):
+        if isinstance(r, tuple):
+            out[g.key] = GraderOutcome.failed(FailureKind(r[0]), r[1])
+        else:
+            out[g.key] = GraderOutcome.scored(r)
+    return out
 
 
 def _resolve(done: asyncio.Future[None]) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from proctor.server.curriculum.spec import CustomGraderSpec, GraderUse
+from proctor.server.exceptions import ProctorError
 from proctor.server.grading.base import GradeInput, GraderFn
 
 __all__ = [
@@ -31,7 +32,7 @@ __all__ = [
 BUILTIN_PREFIX = "builtin:"
 
 
-class GraderResolutionError(ValueError):
+class GraderResolutionError(ProctorError, ValueError):
     """A grader that a curriculum names but cannot be used: ``index`` is its position in the source's list,
     ``field`` the faulty field of that entry."""
 
@@ -69,17 +70,6 @@ class SourceGraders:
     remote: tuple[RemoteGrader, ...]
     on_error: float
     names: tuple[str, ...] = field(default=())
-
-    def compose(self, scores: Mapping[str, float]) -> float:
-        """Weighted mean of the additive graders, times every multiplicative grader."""
-        graders: tuple[LocalGrader | RemoteGrader, ...] = (*self.local, *self.remote)
-        additive = [g for g in graders if not g.multiplicative]
-        total_weight = sum(g.weight for g in additive)
-        reward = sum(g.weight * scores[g.key] for g in additive) / total_weight
-        for g in graders:
-            if g.multiplicative:
-                reward *= scores[g.key]
-        return reward
 
 
 def load_callable(ref: str) -> GraderFn:

@@ -18,27 +18,16 @@ from collections.abc import Sequence
 import httpx
 
 from proctor.server.grading.base import GradeInput
+from proctor.server.grading.outcome import FailureKind, GraderOutcome
 from proctor.server.grading.registry import RemoteGrader
 
-__all__ = ["RemoteFailure", "grade_remote"]
-
-
-class RemoteFailure(str):
-    """The error text of an item the remote grader gave no score for; ``timeout`` says whether it was the
-    grader's time limit (counted apart in the metrics)."""
-
-    timeout: bool
-
-    def __new__(cls, text: str, *, timeout: bool = False) -> RemoteFailure:
-        failure = super().__new__(cls, text)
-        failure.timeout = timeout
-        return failure
+__all__ = ["grade_remote"]
 
 
 async def grade_remote(
     client: httpx.AsyncClient, grader: RemoteGrader, items: Sequence[GradeInput]
-) -> list[float | RemoteFailure]:
-    """Scores for ``items`` in order; an entry is the error text where the grader gave no usable score."""
+) -> list[GraderOutcome]:
+    """The grader's outcome for each of ``items``, in order: a score, or why it gave none."""
     name = repr(grader.key)
     payload = {
         "params": dict(grader.params),
@@ -58,28 +47,35 @@ async def grade_remote(
     try:
         response = await client.post(grader.url, json=payload, headers=dict(grader.headers), timeout=grader.timeout_s)
     except httpx.TimeoutException:
-        failure = RemoteFailure(f"remote grader {name} timed out after {grader.timeout_s:g}s", timeout=True)
+        failure = GraderOutcome.failed(
+            FailureKind.TIMEOUT, f"remote grader {name} timed out after {grader.timeout_s:g}s"
+        )
     except httpx.HTTPError as exc:
-        failure = RemoteFailure(f"remote grader {name} unreachable: {type(exc).__name__}: {exc}")
+        failure = GraderOutcome.failed(
+            FailureKind.REMOTE, f"remote grader {name} unreachable: {type(exc).__name__}: {exc}"
+        )
     else:
         if response.status_code != 200:
-            failure = RemoteFailure(f"remote grader {name} answered HTTP {response.status_code}: {response.text[:200]}")
+            failure = GraderOutcome.failed(
+                FailureKind.REMOTE, f"remote grader {name} answered HTTP {response.status_code}: {response.text[:200]}"
+            )
         else:
             try:
                 scores = response.json()["scores"]
                 if not isinstance(scores, dict):
                     raise TypeError("`scores` is not an object")
             except (ValueError, KeyError, TypeError) as exc:
-                failure = RemoteFailure(f"remote grader {name} sent no {{'scores': {{id: score}}}} object: {exc}")
+                failure = GraderOutcome.failed(
+                    FailureKind.REMOTE, f"remote grader {name} sent no {{'scores': {{id: score}}}} object: {exc}"
+                )
     if failure is not None:  # the whole request failed: so did every item in it
         return [failure] * len(items)
-    out: list[float | RemoteFailure] = []
+    out: list[GraderOutcome] = []
     for i in range(len(items)):
         value = scores.get(str(i))
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            out.append(
-                RemoteFailure(f"remote grader {grader.key!r} returned no finite score for item {i} (got {value!r})")
-            )
+            message = f"remote grader {name} returned no finite score for item {i} (got {value!r})"
+            out.append(GraderOutcome.failed(FailureKind.REMOTE, message))
         else:
-            out.append(float(value))
+            out.append(GraderOutcome.scored(float(value)))
     return out

@@ -30,4 +30,4 @@ async def create_grades(body: GradeRequestBody, server: DataserverDep, request: 
     if body.iteration is not None:
         request.state.iteration = body.iteration
     # Serialised here, once: returning the model would make FastAPI validate it again on the way out.
-    return Response((await server.grade(body)).model_dump_json(), media_type="application/json")
+    return Response((await server.grading.grade(body)).model_dump_json(), media_type="application/json")

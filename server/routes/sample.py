@@ -28,5 +28,5 @@ async def create_sample(body: SampleRequestBody, server: DataserverDep, request:
     after a restart) gets the same samples.
     """
     request.state.iteration = body.iteration
-    # Already JSON (see Dataserver.sample); `response_model` documents its shape.
-    return Response(await server.sample(body), media_type="application/json")
+    # Already JSON (see SamplingService.sample); `response_model` documents its shape.
+    return Response(await server.sampling.sample(body), media_type="application/json")

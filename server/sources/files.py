@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from proctor.server.curriculum.spec import FileSourceSpec
+from proctor.server.exceptions import ProctorError
 from proctor.server.sources.base import Record, Source, content_version
 
 __all__ = ["FileSource", "SourceDataError"]
 
 
-class SourceDataError(ValueError):
+class SourceDataError(ProctorError, ValueError):
     """A data file that cannot be used; ``field`` is the spec field to point the author at."""
 
     def __init__(self, field: str, message: str) -> None:

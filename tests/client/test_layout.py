@@ -18,15 +18,15 @@ from hypothesis import strategies as st
 
 from proctor.client.dataset import GenerationLayout
 
-# --- worked examples (shared/notes/trl-grpo-internals.md §1.4) ---------------------------------------------
+# --- worked examples: one process, two processes, steps_per_generation=4 --------------------------------------
 
 
 @pytest.mark.parametrize(
     ("b", "p", "s", "g", "prompts", "rows"),
     [
-        pytest.param(4, 1, 2, 4, 2, 8, id="B4-P1-S2-G4"),  # §1.4(a): 2 unique prompts per optimizer step
-        pytest.param(4, 2, 2, 4, 4, 8, id="B4-P2-S2-G4"),  # §1.4(b): 4 unique prompts, two ranks
-        pytest.param(4, 1, 4, 4, 4, 16, id="B4-P1-S4-G4"),  # §1.4(d): steps_per_generation=4
+        pytest.param(4, 1, 2, 4, 2, 8, id="B4-P1-S2-G4"),  # one process: 2 unique prompts per optimizer step
+        pytest.param(4, 2, 2, 4, 4, 8, id="B4-P2-S2-G4"),  # two ranks: 4 unique prompts
+        pytest.param(4, 1, 4, 4, 4, 16, id="B4-P1-S4-G4"),  # one process, steps_per_generation=4
         pytest.param(2, 2, 1, 4, 1, 2, id="B2-P2-S1-G4"),  # one prompt whose group spans both processes
         pytest.param(3, 2, 1, 2, 3, 3, id="B3-P2-S1-G2"),
         pytest.param(8, 4, 1, 8, 4, 8, id="B8-P4-S1-G8"),
@@ -63,9 +63,9 @@ def test_locate(layout: GenerationLayout, located: dict[int, tuple[int, int]]) -
 @pytest.mark.parametrize(
     ("layout", "batch", "members"),
     [
-        # §1.4(c), shuffle off: the first loader batch is 0×4, 1×4 on the only process.
+        # One process, shuffle off: the first loader batch is 0×4, 1×4.
         pytest.param(GenerationLayout(4, 1, 2, 4), [0] * 4 + [1] * 4, [0, 1, 2, 3, 0, 1, 2, 3], id="B4-P1-S2-G4-rank0"),
-        # §1.4(b): rank 0 takes the first half of each 16-row window, rank 1 the second half.
+        # Two ranks: rank 0 takes the first half of each 16-row window, rank 1 the second half.
         pytest.param(
             GenerationLayout(4, 2, 2, 4, process_index=0),
             [0] * 4 + [1] * 4,
@@ -278,8 +278,8 @@ def configs(draw: st.DrawFn) -> Config:
 @example(config=Config(b=2, p=2, s=1, g=4, mu=1, steps=2, extra=0))  # a group split across two processes
 @example(config=Config(b=1, p=4, s=1, g=4, mu=2, steps=2, extra=0))  # a group split across four processes
 @example(config=Config(b=3, p=2, s=1, g=2, mu=1, steps=3, extra=2))  # a pair straddling the processes
-@example(config=Config(b=4, p=1, s=2, g=4, mu=1, steps=3, extra=1))  # notes §1.4(a)/(c)
-@example(config=Config(b=4, p=2, s=2, g=4, mu=2, steps=3, extra=3))  # notes §1.4(b), num_iterations=2
+@example(config=Config(b=4, p=1, s=2, g=4, mu=1, steps=3, extra=1))  # the one-process worked example
+@example(config=Config(b=4, p=2, s=2, g=4, mu=2, steps=3, extra=3))  # the two-rank one, num_iterations=2
 def test_the_layout_matches_what_trl_feeds_each_process(config: Config) -> None:
     b, p, s, g, mu, steps, _ = config
     layouts = [GenerationLayout(b, p, s, g, process_index=r) for r in range(p)]

@@ -10,6 +10,7 @@ import pytest
 from proctor.curricula import builtin_curricula, builtin_path
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.grading.base import GradeInput
+from proctor.server.grading.compose import weighted_reward
 from proctor.server.grading.registry import SourceGraders, load_callable
 from proctor.server.sources.base import Record
 
@@ -65,7 +66,7 @@ def reward(graders: SourceGraders, record: Record, completion: str) -> float:
     """What grading ``completion`` against ``record`` gives, calling the source's local graders directly."""
     sample = GradeInput(prompt=record.prompt, completion=completion, answer=record.answer, metadata=record.metadata)
     scores = {g.key: load_callable(g.ref)(sample, **g.params) for g in graders.local}
-    return graders.compose(scores)
+    return weighted_reward(graders, scores)
 
 
 def _graded_sources() -> list[tuple[str, str]]:

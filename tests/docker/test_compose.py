@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from proctor.server.launcher import free_port
+from proctor.cli.launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -126,6 +127,17 @@ def test_the_image_serves_the_default_curriculum_as_a_non_root_user() -> None:
     assert "EXPOSE 8000" in text
     # The dependency layer is built from pyproject.toml before any source is copied.
     assert text.index("COPY pyproject.toml") < text.index("COPY server")
+
+
+def test_the_image_copies_every_installed_folder() -> None:
+    # `pip install .` in the image installs the folders pyproject.toml maps onto proctor.*; a folder left out of
+    # the image (cli/, which holds the `proctor` command) would make the build fail.
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    assert "cli" in folders
+    text = (DOCKER / "Dockerfile").read_text()
+    for folder in sorted(folders):
+        assert f"COPY {folder} ./{folder}" in text, folder
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed")

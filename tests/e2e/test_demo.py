@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 def test_demo_crosses_a_stage_boundary() -> None:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     run = subprocess.run(
-        [sys.executable, "-m", "proctor.server.cli", "demo", "--steps", "22"],
+        [sys.executable, "-m", "proctor.cli", "demo", "--steps", "22"],
         capture_output=True,
         text=True,
         timeout=300,

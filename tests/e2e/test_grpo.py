@@ -16,10 +16,10 @@ import yaml
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from proctor.cli.launcher import ServerProcess
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
 from proctor.client.tiny import run_defaults
 from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
-from proctor.server.launcher import ServerProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proctor.server.launcher import free_port
+from proctor.cli.launcher import free_port
 
 pytestmark = pytest.mark.e2e
 STEPS = 3

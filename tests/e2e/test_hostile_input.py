@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proctor.server.launcher import ServerProcess
+from proctor.cli.launcher import ServerProcess
 from proctor.server.protocol import MAX_COUNT, MAX_ITERATION
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proctor.server.launcher import ServerProcess
+from proctor.cli.launcher import ServerProcess
 
 pytestmark = pytest.mark.e2e
 

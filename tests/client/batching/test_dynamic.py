@@ -21,7 +21,8 @@ from bench import batching as bench
 from proctor.client.batching import dynamic
 from proctor.client.batching.dynamic import DynamicBatchPlan, MicroBatch, plan_dynamic_batches
 
-SEED_002 = [7, 6, 8, 5, 1, 3, 8, 6]
+# ROLL's worked example of dynamic batching: these lengths, cap 10, sequence_length_round 2, dp 2.
+ROLL_EXAMPLE = [7, 6, 8, 5, 1, 3, 8, 6]
 
 
 def roundup(value: int, multiple: int) -> int:
@@ -78,29 +79,31 @@ def check_plan(plan: DynamicBatchPlan, lengths: list[int], cap: int, rnd: int, d
     assert plan.imbalance >= 1.0
 
 
-# --- ROLL's worked example (seed 002) ------------------------------------------------------------------------
+# --- ROLL's worked example (lengths [7,6,8,5,1,3,8,6], cap 10, round 2, dp 2) ----------------------------------
 
 
-def test_seed_002_example_computes_at_most_56_tokens_without_breaking_the_cap() -> None:
-    plan = plan_dynamic_batches(SEED_002, max_tokens_per_microbatch=10, sequence_length_round=2, dp_size=2)
+def test_roll_example_computes_at_most_56_tokens_without_breaking_the_cap() -> None:
+    plan = plan_dynamic_batches(ROLL_EXAMPLE, max_tokens_per_microbatch=10, sequence_length_round=2, dp_size=2)
 
     assert plan.computed_tokens <= 56  # ROLL's plan: 56, with a 2 × 6 = 12-token micro-batch over its cap of 10
     assert max(mb.computed_tokens for rank in plan.ranks for mb in rank) <= 10
     assert plan.computed_tokens == 48  # every row alone at its rounded width: the 1- and 3-token rows could pair
     assert plan.num_micro_batches == 4  # seven micro-batches are forced (six rows of width ≥ 6), so 4 per rank
     assert plan.rank_loads == (24, 24)
-    check_plan(plan, SEED_002, 10, 2, 2, 1)
+    check_plan(plan, ROLL_EXAMPLE, 10, 2, 2, 1)
 
 
 def test_the_docstring_example_holds() -> None:
     assert doctest.testmod(dynamic, raise_on_error=False).failed == 0
 
 
-def test_seed_002_with_pp_two_keeps_four_micro_batches_per_rank() -> None:
-    plan = plan_dynamic_batches(SEED_002, max_tokens_per_microbatch=10, sequence_length_round=2, dp_size=2, pp_size=2)
+def test_roll_example_with_pp_two_keeps_four_micro_batches_per_rank() -> None:
+    plan = plan_dynamic_batches(
+        ROLL_EXAMPLE, max_tokens_per_microbatch=10, sequence_length_round=2, dp_size=2, pp_size=2
+    )
 
     assert plan.num_micro_batches == 4
-    check_plan(plan, SEED_002, 10, 2, 2, 2)
+    check_plan(plan, ROLL_EXAMPLE, 10, 2, 2, 2)
 
 
 # --- oversized rows -------------------------------------------------------------------------------------------
@@ -303,7 +306,7 @@ def test_a_count_forced_by_the_cap_that_rows_cannot_fill_says_what_to_change() -
 
 
 def test_metrics_for_a_training_log() -> None:
-    plan = plan_dynamic_batches(SEED_002, max_tokens_per_microbatch=10, sequence_length_round=2, dp_size=2)
+    plan = plan_dynamic_batches(ROLL_EXAMPLE, max_tokens_per_microbatch=10, sequence_length_round=2, dp_size=2)
 
     assert plan.metrics() == {
         "dynamic_batching/num_micro_batches": 4.0,
@@ -550,8 +553,8 @@ def test_baselines_place_every_row_once_with_equal_counts(dp: int) -> None:
             assert row.cap_violations == 0, name
 
 
-def test_baselines_on_seed_002() -> None:
-    by_name = {e["algorithm"]: e for e in bench.seed_example()}
+def test_baselines_on_the_roll_example() -> None:
+    by_name = {e["algorithm"]: e for e in bench.roll_example()}
 
     assert by_name["proctor"]["computed_tokens"] == 48
     # ROLL's code (unlike its documentation's figure) closes a micro-batch before it passes the cap.

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proctor.server.launcher import ServerProcess
+from proctor.cli.launcher import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")]
 

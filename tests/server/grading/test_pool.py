@@ -1,20 +1,23 @@
-"""The grader process pool: per-completion timeouts, crashes, errors, replacement."""
+"""The grader process pool: per-completion timeouts, crashes, errors, attribution, replacement."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 
 from proctor.server.grading.base import GradeInput
-from proctor.server.grading.pool import GraderCrashed, GraderPool, GraderTimeout
+from proctor.server.grading.outcome import FailureKind, GraderOutcome
+from proctor.server.grading.pool import GraderPool, GraderPoolError
 from proctor.server.grading.registry import LocalGrader
 
 pytestmark = pytest.mark.anyio
 
 GRADERS = """
 import os
+import signal
 import time
 
 def right(sample):
@@ -22,6 +25,20 @@ def right(sample):
 
 def sleepy(sample, *, seconds):
     time.sleep(seconds)
+    return 1.0
+
+def stubborn(sample, *, seconds):
+    # Disarms the worker's timer, as a grader with an alarm of its own would: only the server can stop it.
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    time.sleep(seconds)
+    return 1.0
+
+def swallow(sample):
+    # A grader that catches every Exception must still not turn a timeout into a score.
+    try:
+        time.sleep(30)
+    except Exception:
+        return 1.0
     return 1.0
 
 def boom(sample):
@@ -35,6 +52,11 @@ def die(sample):
 """
 
 SAMPLE = GradeInput(prompt="1+1", completion="2", answer="2")
+RIGHT = {"right": GraderOutcome.scored(1.0)}
+
+
+def timed_out(key: str, seconds: float) -> dict[str, GraderOutcome]:
+    return {key: GraderOutcome.failed(FailureKind.TIMEOUT, f"graders did not finish within {seconds:g}s")}
 
 
 @pytest.fixture
@@ -49,6 +71,8 @@ def graders(tmp_path: Path) -> dict[str, LocalGrader]:
         "right": make("right"),
         "sleepy": make("sleepy", seconds=30),
         "quick": make("sleepy", seconds=0.05),
+        "stubborn": make("stubborn", seconds=30),
+        "swallow": make("swallow"),
         "boom": make("boom"),
         "nan": make("nan"),
         "die": make("die"),
@@ -63,42 +87,63 @@ async def pool() -> GraderPool:
     await p.close()
 
 
+async def wait_for_workers(pool: GraderPool, n: int) -> None:
+    for _ in range(200):
+        if len(pool.pids()) == n:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the pool has {len(pool.pids())} workers, not {n}")
+
+
 async def test_grades_in_a_worker(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
-    assert await pool.run([graders["right"]], SAMPLE, 5) == {"right": 1.0}
+    assert await pool.run([graders["right"]], SAMPLE, 5) == RIGHT
 
 
 async def test_an_exception_is_reported_per_grader(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
-    scores = await pool.run([graders["right"], graders["boom"], graders["nan"]], SAMPLE, 5)
-    assert scores == {
-        "right": 1.0,
-        "boom": "ValueError: no reference answer",
-        "nan": "ValueError: returned nan, not a finite number",
+    outcomes = await pool.run([graders["right"], graders["boom"], graders["nan"]], SAMPLE, 5)
+    assert outcomes == {
+        "right": GraderOutcome.scored(1.0),
+        "boom": GraderOutcome.failed(FailureKind.ERROR, "ValueError: no reference answer"),
+        "nan": GraderOutcome.failed(FailureKind.ERROR, "ValueError: returned nan, not a finite number"),
     }
 
 
-async def test_a_hung_grader_times_out_and_its_worker_is_replaced(
+async def test_a_hung_grader_times_out_in_its_worker(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
+    before = set(pool.pids())
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await pool.run([graders["sleepy"]], SAMPLE, 0.3) == timed_out("sleepy", 0.3)
+    assert loop.time() - started < 1.0
+    # Interrupted by the worker's own timer: the worker lives on and keeps grading.
+    assert pool.replaced == 0
+    assert set(pool.pids()) == before
+    results = await asyncio.gather(*(pool.run([graders["right"]], SAMPLE, 5) for _ in range(8)))
+    assert results == [RIGHT] * 8
+
+
+async def test_a_grader_that_catches_everything_still_times_out(
+    pool: GraderPool, graders: dict[str, LocalGrader]
+) -> None:
+    assert await pool.run([graders["swallow"]], SAMPLE, 0.3) == timed_out("swallow", 0.3)
+
+
+async def test_a_grader_the_timer_cannot_stop_is_killed_with_its_worker(
     pool: GraderPool, graders: dict[str, LocalGrader]
 ) -> None:
     before = set(pool.pids())
-    with pytest.raises(GraderTimeout, match=r"graders did not finish within 0.3s"):
-        await pool.run([graders["sleepy"]], SAMPLE, 0.3)
+    assert await pool.run([graders["stubborn"]], SAMPLE, 0.3) == timed_out("stubborn", 0.3)
     # The survivor keeps serving while the replacement starts.
-    assert await pool.run([graders["right"]], SAMPLE, 5) == {"right": 1.0}
-    for _ in range(100):
-        if len(pool.pids()) == 2:
-            break
-        await asyncio.sleep(0.05)
+    assert await pool.run([graders["right"]], SAMPLE, 5) == RIGHT
+    await wait_for_workers(pool, 2)
     assert pool.replaced == 1
     assert len(set(pool.pids()) - before) == 1
     assert all(pool.pids().values())
-    results = await asyncio.gather(*(pool.run([graders["right"]], SAMPLE, 5) for _ in range(8)))
-    assert results == [{"right": 1.0}] * 8
 
 
 async def test_a_dying_worker_is_a_crash(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
-    with pytest.raises(GraderCrashed, match=r"exit code 9"):
-        await pool.run([graders["die"]], SAMPLE, 5)
-    assert await pool.run([graders["right"]], SAMPLE, 5) == {"right": 1.0}
+    outcomes = await pool.run([graders["die"]], SAMPLE, 5)
+    assert outcomes == {"die": GraderOutcome.failed(FailureKind.CRASH, "the grader process died (exit code 9)")}
+    assert await pool.run([graders["right"]], SAMPLE, 5) == RIGHT
 
 
 async def test_work_spreads_over_the_workers(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
@@ -107,24 +152,37 @@ async def test_work_spreads_over_the_workers(pool: GraderPool, graders: dict[str
     loop = asyncio.get_running_loop()
     started = loop.time()
     results = await pool.run_many([([graders["quick"]], SAMPLE)] * 16, 0.5)
-    assert results == [{"sleepy": 1.0}] * 16
+    assert results == [{"sleepy": GraderOutcome.scored(1.0)}] * 16
     assert loop.time() - started < 0.7
 
 
 async def test_a_timeout_inside_a_chunk_fails_only_that_task(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
     tasks = [([graders["right"]], SAMPLE)] * 3 + [([graders["sleepy"]], SAMPLE)] + [([graders["right"]], SAMPLE)] * 4
     results = await pool.run_many(tasks, 0.5)
-    assert isinstance(results[3], GraderTimeout)
-    # The tasks after it in its chunk were sent back to the queue and graded by a worker.
-    assert [r for i, r in enumerate(results) if i != 3] == [{"right": 1.0}] * 7
-    assert pool.replaced == 1
+    assert results[3] == timed_out("sleepy", 0.5)
+    assert [r for i, r in enumerate(results) if i != 3] == [RIGHT] * 7
+    assert pool.replaced == 0
 
 
-async def test_a_crash_inside_a_chunk_fails_only_that_task(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
-    tasks = [([graders["right"]], SAMPLE), ([graders["die"]], SAMPLE), ([graders["right"]], SAMPLE)]
+@pytest.mark.parametrize("culprit", ["stubborn", "die"])
+async def test_a_killed_worker_fails_only_the_task_at_fault(
+    pool: GraderPool, graders: dict[str, LocalGrader], culprit: str
+) -> None:
+    # One chunk of twelve (a single worker takes them all): its worker dies or is killed with several
+    # results unsent, so those tasks run again one by one, and only the culprit fails.
+    tasks = [([graders["right"]], SAMPLE)] * 5 + [([graders[culprit]], SAMPLE)] + [([graders["right"]], SAMPLE)] * 6
+    results = await pool.run_many(tasks, 0.3)
+    kinds = [next(iter(r.values())).failure for r in results]
+    assert kinds == [None] * 5 + [FailureKind.TIMEOUT if culprit == "stubborn" else FailureKind.CRASH] + [None] * 6
+    assert [r for i, r in enumerate(results) if i != 5] == [RIGHT] * 11
+
+
+async def test_many_sources_in_one_chunk(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
+    both = [graders["right"], graders["boom"]]
+    tasks = [([graders["right"]], SAMPLE), (both, SAMPLE), ([graders["right"]], SAMPLE), (both, SAMPLE)]
     results = await pool.run_many(tasks, 5)
-    assert results[0] == results[2] == {"right": 1.0}
-    assert isinstance(results[1], GraderCrashed)
+    boom = GraderOutcome.failed(FailureKind.ERROR, "ValueError: no reference answer")
+    assert results == [RIGHT, {**RIGHT, "boom": boom}, RIGHT, {**RIGHT, "boom": boom}]
 
 
 async def test_a_cancelled_task_does_not_poison_the_pool(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
@@ -134,16 +192,19 @@ async def test_a_cancelled_task_does_not_poison_the_pool(pool: GraderPool, grade
     with pytest.raises(asyncio.CancelledError):
         await task
     results = await asyncio.gather(*(pool.run([graders["right"]], SAMPLE, 5) for _ in range(4)))
-    assert results == [{"right": 1.0}] * 4
+    assert results == [RIGHT] * 4
 
 
 async def test_close_stops_every_worker(graders: dict[str, LocalGrader]) -> None:
     p = GraderPool(2)
     await p.start()
-    processes = [w.process for w in p._all]
+    pids = list(p.pids())
     await p.close()
-    assert all(proc.poll() is not None for proc in processes)
-    with pytest.raises(Exception, match="shut down"):
+    assert p.pids() == {}
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    with pytest.raises(GraderPoolError, match="the grader pool is shut down"):
         await p.run([graders["right"]], SAMPLE, 5)
 
 

@@ -19,8 +19,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from proctor.server.grading.base import GradeInput
+from proctor.server.grading.outcome import FailureKind, GraderOutcome
 from proctor.server.grading.registry import RemoteGrader
-from proctor.server.grading.remote import RemoteFailure, grade_remote
+from proctor.server.grading.remote import grade_remote
 
 pytestmark = pytest.mark.anyio
 
@@ -31,7 +32,7 @@ def grader(url: str = "http://grader.test/score", timeout_s: float = 5.0) -> Rem
     return RemoteGrader("judge", url, timeout_s, {"X-Token": "t"}, {"strict": True}, 1.0, False)
 
 
-async def score_with(handler: Callable[[httpx.Request], httpx.Response]) -> list[float | str]:
+async def score_with(handler: Callable[[httpx.Request], httpx.Response]) -> list[GraderOutcome]:
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         return await grade_remote(client, grader(), ITEMS)
 
@@ -45,7 +46,7 @@ async def test_request_shape_and_id_matching() -> None:
         # Answer in reverse order: matching must go by id.
         return httpx.Response(200, json={"scores": {"2": 0.25, "1": 0.0, "0": 1.0}})
 
-    assert await score_with(handler) == [1.0, 0.0, 0.25]
+    assert [o.score for o in await score_with(handler)] == [1.0, 0.0, 0.25]
     assert seen["token"] == "t"
     assert seen["body"]["params"] == {"strict": True}
     assert [i["id"] for i in seen["body"]["items"]] == ["0", "1", "2"]
@@ -70,14 +71,18 @@ async def test_request_shape_and_id_matching() -> None:
 )
 async def test_a_bad_answer_is_an_error_for_every_item(response: httpx.Response, message: str) -> None:
     results = await score_with(lambda request: response)
-    assert all(isinstance(r, str) and message in r for r in results)
+    assert all(r.failure is FailureKind.REMOTE and message in r.message and r.score is None for r in results)
 
 
 async def test_missing_or_invalid_scores_are_per_item_errors() -> None:
     results = await score_with(lambda r: httpx.Response(200, json={"scores": {"0": 1, "2": "high"}}))
-    assert results[0] == 1.0
-    assert results[1] == "remote grader 'judge' returned no finite score for item 1 (got None)"
-    assert results[2] == "remote grader 'judge' returned no finite score for item 2 (got 'high')"
+    assert results[0] == GraderOutcome.scored(1.0)
+    assert results[1] == GraderOutcome.failed(
+        FailureKind.REMOTE, "remote grader 'judge' returned no finite score for item 1 (got None)"
+    )
+    assert results[2] == GraderOutcome.failed(
+        FailureKind.REMOTE, "remote grader 'judge' returned no finite score for item 2 (got 'high')"
+    )
 
 
 async def test_timeouts_and_connection_errors() -> None:
@@ -87,8 +92,11 @@ async def test_timeouts_and_connection_errors() -> None:
     def down(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
-    assert await score_with(slow) == ["remote grader 'judge' timed out after 5s"] * 3
-    assert all(r.startswith("remote grader 'judge' unreachable: ConnectError") for r in await score_with(down))
+    timed_out = GraderOutcome.failed(FailureKind.TIMEOUT, "remote grader 'judge' timed out after 5s")
+    assert await score_with(slow) == [timed_out] * 3
+    unreachable = await score_with(down)
+    assert all(r.failure is FailureKind.REMOTE for r in unreachable)
+    assert all(r.message.startswith("remote grader 'judge' unreachable: ConnectError") for r in unreachable)
 
 
 # --- against a real grader service -----------------------------------------------------------------------
@@ -148,5 +156,5 @@ async def test_failures_say_whether_they_were_timeouts() -> None:
 
     timed_out = await score_with(slow)
     refused = await score_with(lambda r: httpx.Response(503, text="busy"))
-    assert all(isinstance(r, RemoteFailure) and r.timeout for r in timed_out)
-    assert all(isinstance(r, RemoteFailure) and not r.timeout for r in refused)
+    assert [r.failure for r in timed_out] == [FailureKind.TIMEOUT] * 3
+    assert [r.failure for r in refused] == [FailureKind.REMOTE] * 3

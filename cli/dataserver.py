@@ -1,26 +1,23 @@
-"""``proctor serve | validate | preview``: the command line of the dataserver."""
+"""``proctor serve | validate | preview``: the dataserver's subcommands (``proctor.cli.main`` parses them)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from proctor.curricula import builtin_curricula, builtin_path
 from proctor.server.curriculum.engine import StageSchedule
 from proctor.server.curriculum.loader import load_curriculum
 from proctor.server.curriculum.mixing import Mixer, stage_runs
-from proctor.server.curriculum.spec import CurriculumError
-from proctor.server.history import HistoryError, adopt_history, read_history
+from proctor.server.history import adopt_history, read_history
 from proctor.server.logs import configure_logging
-from proctor.server.settings import SettingsError, load_settings
-from proctor.server.store import StateMismatchError, Store
+from proctor.server.settings import load_settings
+from proctor.server.store import Store
 
-__all__ = ["main"]
+__all__ = ["curriculum_path", "preview", "serve", "validate"]
 
 
-def _curriculum_path(value: str | None) -> Path | None:
+def curriculum_path(value: str | None) -> Path | None:
     """A path, or the name of a shipped curriculum (``arithmetic``, ``word_problems``)."""
     if value is None:
         return None
@@ -30,14 +27,14 @@ def _curriculum_path(value: str | None) -> Path | None:
     return path
 
 
-def _serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proctor.server.app import create_app
     from proctor.server.connection import uvicorn_options
 
     settings = load_settings(
-        curriculum=_curriculum_path(args.curriculum),
+        curriculum=curriculum_path(args.curriculum),
         host=args.host,
         port=args.port,
         state=args.state,
@@ -76,8 +73,8 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _validate(args: argparse.Namespace) -> int:
-    curriculum = load_curriculum(_curriculum_path(args.curriculum) or builtin_path())
+def validate(args: argparse.Namespace) -> int:
+    curriculum = load_curriculum(curriculum_path(args.curriculum) or builtin_path())
     sources = ", ".join(
         f"{n} ({s.kind}, {s.size if s.size is not None else '∞'})" for n, s in curriculum.sources.items()
     )
@@ -100,8 +97,8 @@ def _parse_steps(text: str, total: int) -> range:
     return range(start, stop)
 
 
-def _preview(args: argparse.Namespace) -> int:
-    curriculum = load_curriculum(_curriculum_path(args.curriculum) or builtin_path())
+def preview(args: argparse.Namespace) -> int:
+    curriculum = load_curriculum(curriculum_path(args.curriculum) or builtin_path())
     steps = _parse_steps(args.steps, curriculum.total_iterations)
     print(
         f"{curriculum.name} (hash {curriculum.hash}, seed {curriculum.seed}): "
@@ -136,67 +133,3 @@ def _preview(args: argparse.Namespace) -> int:
         record = curriculum.sources[source].record(key)
         print(f"  {curriculum.stages[stage].name} [{source}]: {record.prompt!r} → {record.answer!r}")
     return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from proctor.client.train import demo
-
-    return demo(steps=args.steps)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="proctor", description="Curriculum dataserver for RL post-training.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    serve = sub.add_parser("serve", help="serve a curriculum over HTTP")
-    serve.add_argument("curriculum", nargs="?", help="curriculum YAML (default: the shipped arithmetic ladder)")
-    serve.add_argument("--host", help="bind address (default 127.0.0.1, env PROCTOR_HOST)")
-    serve.add_argument("--port", type=int, help="port (default 8000, env PROCTOR_PORT)")
-    serve.add_argument("--state", help="SQLite state file, or :memory: (default proctor-state.db, env PROCTOR_STATE)")
-    serve.add_argument("--seed", type=int, help="override the curriculum's seed (env PROCTOR_SEED)")
-    serve.add_argument(
-        "--transitions",
-        type=Path,
-        help="another run's GET /curriculum answer: serve its iterations exactly as it did (env PROCTOR_TRANSITIONS)",
-    )
-    serve.add_argument("--grader-workers", type=int, help="grader processes (default: one per core)")
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON")
-    serve.set_defaults(run=_serve)
-
-    validate = sub.add_parser("validate", help="check a curriculum file and its data")
-    validate.add_argument("curriculum")
-    validate.set_defaults(run=_validate)
-
-    preview = sub.add_parser("preview", help="show the stage of each step and a sample prompt of each stage")
-    preview.add_argument("curriculum")
-    preview.add_argument("--steps", default=":", help="START:STOP (default: the whole curriculum)")
-    preview.add_argument("--batch-size", type=int, default=8, help="batch size used to draw the sample prompts")
-    preview.set_defaults(run=_preview)
-
-    # The trainer side needs the `train` extra (torch, TRL); it is imported only when asked for, and
-    # parses its own options (main() hands them over before this parser sees them).
-    sub.add_parser("train", help="GRPO with TRL against a running dataserver (see `proctor train --help`)")
-    demo = sub.add_parser("demo", help="serve the arithmetic ladder and train a tiny model across a stage boundary")
-    demo.add_argument("--steps", type=int, default=64)
-    demo.set_defaults(run=_demo)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:
-        from proctor.client.train import main as train_main
-
-        return train_main(argv[1:])
-    args = _parser().parse_args(argv)
-    try:
-        code: int = args.run(args)
-    except (CurriculumError, SettingsError, StateMismatchError, HistoryError) as exc:
-        print(f"proctor {args.command}: {exc}", file=sys.stderr)
-        return 2
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

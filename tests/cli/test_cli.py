@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proctor.server.cli import main
+from proctor.cli.main import main
 
 
 def test_validate_ok(curriculum_file: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,6 +27,8 @@ def free_port() -> int:
 class ServerProcess:
     """``proctor serve ARGS --port <free port>`` in a child process, its output in ``log``.
 
+    ``env`` is added to this process's environment (a ``PYTHONPATH`` there runs another checkout).
+
     ``start()`` returns once ``/healthz`` answers; ``stop()`` sends SIGTERM (then SIGKILL if it lingers);
     ``kill()`` is ``kill -9``.
     """
@@ -39,8 +41,10 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         port: int | None = None,
+        module: str = "proctor.cli",
     ) -> None:
         self.port = port or free_port()
+        self.module = module  # what runs `serve`: another one for an older checkout (`proctor.server.cli`)
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = args
         self.log = log
@@ -52,7 +56,7 @@ class ServerProcess:
         return self.log.read_text() if self.log.exists() else ""
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
-        cmd = [sys.executable, "-m", "proctor.server.cli", "serve", *self.args, "--port", str(self.port)]
+        cmd = [sys.executable, "-m", self.module, "serve", *self.args, "--port", str(self.port)]
         # A file, not a pipe: a pipe nobody reads fills up and blocks the server on its next log line.
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT)

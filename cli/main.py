@@ -1,0 +1,80 @@
+"""The ``proctor`` command: parses ``serve | validate | preview | train | demo`` and dispatches each.
+
+The dataserver's subcommands (``proctor.cli.dataserver``) need the ``server`` extra; ``train`` and ``demo`` need
+the ``train`` extra (torch, TRL) and are imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from proctor.cli.dataserver import preview, serve, validate
+from proctor.server.curriculum.spec import CurriculumError
+from proctor.server.history import HistoryError
+from proctor.server.settings import SettingsError
+from proctor.server.store import StateMismatchError
+
+__all__ = ["main"]
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from proctor.cli.demo import demo
+
+    return demo(steps=args.steps)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="proctor", description="Curriculum dataserver for RL post-training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve_p = sub.add_parser("serve", help="serve a curriculum over HTTP")
+    serve_p.add_argument("curriculum", nargs="?", help="curriculum YAML (default: the shipped arithmetic ladder)")
+    serve_p.add_argument("--host", help="bind address (default 127.0.0.1, env PROCTOR_HOST)")
+    serve_p.add_argument("--port", type=int, help="port (default 8000, env PROCTOR_PORT)")
+    serve_p.add_argument("--state", help="SQLite state file, or :memory: (default proctor-state.db, env PROCTOR_STATE)")
+    serve_p.add_argument("--seed", type=int, help="override the curriculum's seed (env PROCTOR_SEED)")
+    serve_p.add_argument(
+        "--transitions",
+        type=Path,
+        help="another run's GET /curriculum answer: serve its iterations exactly as it did (env PROCTOR_TRANSITIONS)",
+    )
+    serve_p.add_argument("--grader-workers", type=int, help="grader processes (default: one per core)")
+    serve_p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve_p.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON")
+    serve_p.set_defaults(run=serve)
+
+    validate_p = sub.add_parser("validate", help="check a curriculum file and its data")
+    validate_p.add_argument("curriculum")
+    validate_p.set_defaults(run=validate)
+
+    preview_p = sub.add_parser("preview", help="show the stage of each step and a sample prompt of each stage")
+    preview_p.add_argument("curriculum")
+    preview_p.add_argument("--steps", default=":", help="START:STOP (default: the whole curriculum)")
+    preview_p.add_argument("--batch-size", type=int, default=8, help="batch size used to draw the sample prompts")
+    preview_p.set_defaults(run=preview)
+
+    # The trainer side needs the `train` extra (torch, TRL); it is imported only when asked for, and
+    # parses its own options (main() hands them over before this parser sees them).
+    sub.add_parser("train", help="GRPO with TRL against a running dataserver (see `proctor train --help`)")
+    demo_p = sub.add_parser("demo", help="serve the arithmetic ladder and train a tiny model across a stage boundary")
+    demo_p.add_argument("--steps", type=int, default=64)
+    demo_p.set_defaults(run=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:
+        from proctor.client.train import main as train_main
+
+        return train_main(argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except (CurriculumError, SettingsError, StateMismatchError, HistoryError) as exc:
+        print(f"proctor {args.command}: {exc}", file=sys.stderr)
+        return 2
+    return code

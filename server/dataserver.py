@@ -1,0 +1,110 @@
+"""The composition root: the state file, the grader processes and the curriculum's progress, wired into the
+sampling and grading services that the routes call.
+
+Everything runs on the event loop except the graders (worker processes), WAL checkpoints (a thread), and
+store calls that must wait for the disk (the store's thread; see :mod:`proctor.server.storage`). Work that
+grows with a request's size hands the loop back every few milliseconds (:mod:`proctor.server.pacing`).
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from proctor.server import protocol as wire
+from proctor.server import views
+from proctor.server.curriculum.engine import StageSchedule
+from proctor.server.curriculum.loader import Curriculum
+from proctor.server.curriculum.progress import CurriculumProgress
+from proctor.server.grading.fanout import GraderFanout
+from proctor.server.grading.pool import GraderPool
+from proctor.server.grading.service import GradingService
+from proctor.server.metrics import Metrics
+from proctor.server.sampling import SamplingService
+from proctor.server.settings import Settings
+from proctor.server.storage import AsyncStore
+
+__all__ = ["Dataserver"]
+
+
+class Dataserver:
+    """Create with :meth:`open`, release with :meth:`close`."""
+
+    def __init__(
+        self,
+        curriculum: Curriculum,
+        settings: Settings,
+        metrics: Metrics,
+        storage: AsyncStore,
+        pool: GraderPool,
+        http: httpx.AsyncClient,
+        progress: CurriculumProgress,
+    ) -> None:
+        self.curriculum = curriculum
+        self.settings = settings
+        self.metrics = metrics
+        self.storage = storage
+        self.progress = progress
+        self._pool = pool
+        self._http = http
+        self.sampling = SamplingService(curriculum, settings, metrics, storage, progress)
+        fanout = GraderFanout(pool, http, metrics, settings.grader_timeout_s)
+        self.grading = GradingService(
+            curriculum, settings, metrics, storage, progress, fanout, slots_of=self.sampling.sample_ids
+        )
+
+    @classmethod
+    async def open(cls, curriculum: Curriculum, settings: Settings, metrics: Metrics) -> Dataserver:
+        """Open (or create) the state file, restore the curriculum's progress from it, start the graders."""
+        storage = await AsyncStore.open(settings, curriculum)
+        try:
+            progress = await _restore(curriculum, storage)
+            pool = GraderPool(settings.grader_workers)
+            await pool.start()
+        except BaseException:
+            await storage.close()
+            raise
+        metrics.publish_stage(curriculum, progress.schedule.current)
+        if progress.last_iteration is not None:
+            metrics.last_iteration.set(progress.last_iteration)
+        http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False)
+        return cls(curriculum, settings, metrics, storage, pool, http, progress)
+
+    async def close(self) -> None:
+        await self._pool.close()
+        await self._http.aclose()
+        await self.storage.close()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the server refuses work (its state file refused a write), or None while it serves."""
+        return self.storage.failure
+
+    @property
+    def last_iteration(self) -> int | None:
+        return self.progress.last_iteration
+
+    def meta(self) -> wire.Meta:
+        return views.meta(self.curriculum, self.settings)
+
+    def curriculum_state(self) -> wire.CurriculumState:
+        return views.curriculum_state(self.progress)
+
+
+async def _restore(curriculum: Curriculum, storage: AsyncStore) -> CurriculumProgress:
+    progress = CurriculumProgress(curriculum)
+    stats = progress.statistics
+    stored = await storage.stored_progress(len(curriculum.stages), stats.window_size)
+    progress.schedule = StageSchedule(curriculum.stages, stored.transitions, decided_through=stored.decided_through)
+    progress.last_iteration = stored.last_iteration
+    for stage in range(len(curriculum.stages)):
+        t = stored.totals.get(stage)
+        stats.restore(
+            stage,
+            iterations=t.iterations if t else 0,
+            samples=t.samples if t else 0,
+            graded=t.graded if t else 0,
+            errors=t.errors if t else 0,
+            reward_sum=t.reward_sum if t else 0.0,
+            recent=stored.recent_rewards.get(stage, []),
+        )
+    return progress

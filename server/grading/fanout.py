@@ -1,0 +1,71 @@
+"""Sends completions to every grader of their source at once: the local graders in the process pool, each
+remote grader in one HTTP request per ``/grade`` request, side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import httpx
+
+from proctor.server.grading.base import GradeInput
+from proctor.server.grading.outcome import GraderOutcome
+from proctor.server.grading.pool import GraderPool, Task
+from proctor.server.grading.registry import RemoteGrader, SourceGraders
+from proctor.server.grading.remote import grade_remote
+from proctor.server.metrics import Metrics
+
+__all__ = ["GraderFanout"]
+
+
+class GraderFanout:
+    def __init__(self, pool: GraderPool, http: httpx.AsyncClient, metrics: Metrics, timeout_s: float) -> None:
+        self.pool = pool
+        self.http = http
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+
+    async def grade(self, work: Sequence[tuple[SourceGraders, GradeInput]]) -> list[dict[str, GraderOutcome]]:
+        """Every grader's outcome for each completion, by grader key, in the order of ``work``."""
+        outcomes: list[dict[str, GraderOutcome]] = [{} for _ in work]
+        jobs = [self._local(work, outcomes)]
+        by_source: dict[int, list[int]] = {}
+        for n, (graders, _) in enumerate(work):
+            if graders.remote:
+                by_source.setdefault(id(graders), []).append(n)
+        for indexes in by_source.values():
+            for grader in work[indexes[0]][0].remote:
+                jobs.append(self._remote(grader, work, indexes, outcomes))
+        await asyncio.gather(*jobs)
+        for per_item in outcomes:
+            for key, o in per_item.items():
+                if o.failure is not None:
+                    self.metrics.grader_errors.labels(key, o.failure.value).inc()
+        return outcomes
+
+    async def _local(
+        self, work: Sequence[tuple[SourceGraders, GradeInput]], outcomes: list[dict[str, GraderOutcome]]
+    ) -> None:
+        indexes = [n for n, (graders, _) in enumerate(work) if graders.local]
+        if not indexes:
+            return
+        tasks: list[Task] = [(work[n][0].local, work[n][1]) for n in indexes]
+        started = time.perf_counter()
+        results = await self.pool.run_many(tasks, self.timeout_s)
+        self.metrics.grader_seconds.observe(time.perf_counter() - started)
+        for n, result in zip(indexes, results, strict=True):
+            for key, o in result.items():
+                # The pool's messages do not say which grader they are about; the reward's error must.
+                outcomes[n][key] = o if o.failure is None else GraderOutcome.failed(o.failure, f"{key}: {o.message}")
+
+    async def _remote(
+        self,
+        grader: RemoteGrader,
+        work: Sequence[tuple[SourceGraders, GradeInput]],
+        indexes: list[int],
+        outcomes: list[dict[str, GraderOutcome]],
+    ) -> None:
+        results = await grade_remote(self.http, grader, [work[n][1] for n in indexes])
+        for n, o in zip(indexes, results, strict=True):
+            outcomes[n][grader.key] = o

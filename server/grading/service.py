@@ -1,0 +1,271 @@
+"""The grading service: ``POST /grade``, rewards for completions, each graded once.
+
+A request's items are validated, given the iteration (and so the stage) they belong to and an idempotency
+key, looked up among the stored grades, and what is new goes to the graders. Grades are stored before they
+are answered or counted in the curriculum's statistics; posting a completion again returns its stored grade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from proctor.server import protocol as wire
+from proctor.server.curriculum.loader import Curriculum
+from proctor.server.curriculum.progress import CurriculumProgress
+from proctor.server.curriculum.statistics import CountedGrade
+from proctor.server.errors import InvalidRequestError
+from proctor.server.grading.base import GradeInput
+from proctor.server.grading.compose import compose
+from proctor.server.grading.fanout import GraderFanout
+from proctor.server.grading.outcome import GraderOutcome
+from proctor.server.metrics import Metrics
+from proctor.server.pacing import paced
+from proctor.server.settings import Settings
+from proctor.server.sources.base import Record, SampleId
+from proctor.server.storage import AsyncStore
+from proctor.server.store import NO_SLOT, GradeKey, GradeRow
+
+__all__ = ["GradingService"]
+
+_GRADES_PER_COMMIT = 256
+
+# The sample id in each slot of an iteration, or None if it was never sampled.
+SlotLookup = Callable[[int], Awaitable[tuple[str, ...] | None]]
+
+
+@dataclass(slots=True)
+class _Item:
+    """One /grade item after validation."""
+
+    sample_id: str
+    slot: int | None
+    completion_index: int
+    completion: str
+    completion_tokens: int | None
+    source: str
+    record: Record | None  # None when the id is stale (its source changed)
+    key: GradeKey = (0, "", NO_SLOT, 0, "")
+    stage: int = 0
+
+
+class GradingService:
+    def __init__(
+        self,
+        curriculum: Curriculum,
+        settings: Settings,
+        metrics: Metrics,
+        storage: AsyncStore,
+        progress: CurriculumProgress,
+        fanout: GraderFanout,
+        slots_of: SlotLookup,
+    ) -> None:
+        self.curriculum = curriculum
+        self.settings = settings
+        self.metrics = metrics
+        self.storage = storage
+        self.progress = progress
+        self.fanout = fanout
+        self._slots_of = slots_of
+        self._loop_share = asyncio.Lock()
+
+    async def grade(self, req: wire.GradeRequest) -> wire.GradeResponse:
+        """Rewards for the request's completions, matched by ``(slot or sample_id, completion_index)``."""
+        self.storage.check_healthy()
+        # The event loop's share of a /grade (validation, look-ups, composing, storing, answering) runs one
+        # request at a time, in slices: with eight requests interleaving their slices, a /healthz or /sample
+        # waited for all eight at each of its turns of the loop. Grading itself, in other processes or
+        # remote, runs outside the gate, side by side.
+        async with self._loop_share:
+            items = await self._validate(req)
+            if req.iteration is not None and any(it.slot is not None for it in items):
+                await self._check_slots(items, req.iteration)
+            await self._attribute(items, req.iteration)
+            keys = [it.key for it in items if it.record is not None]
+            # Only an iteration that was graded before can have stored grades: usually nothing to look up.
+            graded = {i for i in {key[0] for key in keys} if await self.storage.has_grades(i)}
+            stored = await self.storage.find_grades([k for k in keys if k[0] in graded]) if graded else {}
+            # Errors are not final: a completion whose grader failed is graded again when posted again.
+            fresh = [
+                it
+                for it in items
+                if it.record is not None and ((prior := stored.get(it.key)) is None or prior.error is not None)
+            ]
+            work = [(self.curriculum.graders[it.source], _grade_input(it)) for it in fresh]
+        outcomes = await self.fanout.grade(work) if work else []
+        async with self._loop_share:
+            return await self._store_and_answer(items, fresh, outcomes, stored)
+
+    async def _store_and_answer(
+        self,
+        items: Sequence[_Item],
+        fresh: Sequence[_Item],
+        outcomes: Sequence[Mapping[str, GraderOutcome]],
+        stored: dict[GradeKey, GradeRow],
+    ) -> wire.GradeResponse:
+        rows: dict[GradeKey, GradeRow] = {}
+        async for it, per_grader in paced(zip(fresh, outcomes, strict=True)):
+            c = compose(self.curriculum.graders[it.source], per_grader)
+            rows[it.key] = GradeRow(it.key, it.stage, it.source, c.reward, c.components, c.error)
+        raced: set[GradeKey] = set()
+        # Stored (and counted) a slice at a time; each grade is idempotent, so a slice is a unit of its own.
+        pending = list(rows.values())
+        for start in range(0, len(pending), _GRADES_PER_COMMIT):
+            part = pending[start : start + _GRADES_PER_COMMIT]
+            statuses = await self.storage.insert_grades(part)
+            raced.update(row.key for row, status in zip(part, statuses, strict=True) if status == "exists")
+            new = [(row, status) for row, status in zip(part, statuses, strict=True) if status != "exists"]
+            touched = self.progress.statistics.graded(
+                CountedGrade(row.stage, None if row.error is not None else row.reward, status == "replaced_error")
+                for row, status in new
+            )
+            self.metrics.count_grades(self.curriculum, self.progress.statistics, (row for row, _ in new), touched)
+            await asyncio.sleep(0)
+        if raced:
+            # Another request stored the same grade meanwhile; answer with that one, count it once.
+            stored.update(await self.storage.find_grades(raced))
+        results = []
+        async for it in paced(items):
+            if it.record is None:
+                results.append(self._stale_result(it))
+            elif it.key in rows and it.key not in raced:
+                results.append(_result(it, rows[it.key], cached=False))
+            else:
+                self.metrics.grades_cached.inc()
+                results.append(_result(it, stored[it.key], cached=True))
+        return wire.GradeResponse(results=results)
+
+    async def _validate(self, req: wire.GradeRequest) -> list[_Item]:
+        s = self.settings
+        if len(req.items) > s.max_grade_items:
+            raise InvalidRequestError(
+                "items",
+                f"{len(req.items)} items is above this server's maximum of {s.max_grade_items} per request "
+                "(PROCTOR_MAX_GRADE_ITEMS); split the request",
+            )
+        # A prompt is its slot when the client names one, else its sample_id.
+        next_index: dict[str | int, int] = {}
+        seen: dict[tuple[str | int, int], int] = {}
+        items: list[_Item] = []
+        async for n, item in paced(enumerate(req.items)):
+            if len(item.completion) > s.max_completion_chars:
+                raise InvalidRequestError(
+                    f"items[{n}].completion",
+                    f"{len(item.completion)} characters is above this server's maximum of "
+                    f"{s.max_completion_chars} (PROCTOR_MAX_COMPLETION_CHARS)",
+                )
+            sid = SampleId.parse(item.sample_id)  # its shape was checked with the wire model
+            src = self.curriculum.sources.get(sid.source)
+            if src is None:
+                known = ", ".join(sorted(self.curriculum.sources))
+                raise InvalidRequestError(
+                    f"items[{n}].sample_id",
+                    f"unknown source {sid.source!r} in {item.sample_id!r}; this server's sources are: {known}",
+                )
+            record = None
+            if sid.version == src.version:
+                try:
+                    record = src.record(sid.key)
+                except KeyError:
+                    raise InvalidRequestError(
+                        f"items[{n}].sample_id",
+                        f"source {sid.source!r} has no record {sid.key} (it has {src.size}); "
+                        "send sample ids exactly as /sample returned them",
+                    ) from None
+            prompt: str | int = item.sample_id if item.slot is None else item.slot
+            index = item.completion_index
+            if index is None:
+                index = next_index.get(prompt, 0)
+            next_index[prompt] = max(next_index.get(prompt, 0), index + 1)
+            pair = (prompt, index)
+            if pair in seen:
+                named = f"(sample_id, completion_index) = ({item.sample_id!r}, {index})"
+                if item.slot is not None:
+                    named = f"(slot, completion_index) = ({item.slot}, {index})"
+                raise InvalidRequestError(
+                    f"items[{n}]",
+                    f"{named} already appears at items[{seen[pair]}]; give each completion of a prompt its own "
+                    "completion_index (and a record served in two slots, each its slot)",
+                )
+            seen[pair] = n
+            items.append(
+                _Item(item.sample_id, item.slot, index, item.completion, item.completion_tokens, sid.source, record)
+            )
+        return items
+
+    async def _check_slots(self, items: Sequence[_Item], iteration: int) -> None:
+        """Each item's slot must hold its sample_id in the iteration's batch, so that a grade keyed by slot
+        is the grade of the prompt the client was served there."""
+        ids = await self._slots_of(iteration)
+        if ids is None:
+            raise InvalidRequestError(
+                "iteration",
+                f"iteration {iteration} was never sampled by this server, so its slots are unknown; send the "
+                "iteration /sample served, or items without slot",
+            )
+        for n, it in enumerate(items):
+            if it.slot is None:
+                continue
+            if it.slot >= len(ids):
+                raise InvalidRequestError(
+                    f"items[{n}].slot", f"iteration {iteration} has {len(ids)} slots (0..{len(ids) - 1}), not {it.slot}"
+                )
+            if ids[it.slot] != it.sample_id:
+                raise InvalidRequestError(
+                    f"items[{n}].slot",
+                    f"slot {it.slot} of iteration {iteration} holds {ids[it.slot]!r}, not {it.sample_id!r}; send "
+                    "each sample's slot exactly as /sample returned it",
+                )
+
+    async def _attribute(self, items: Sequence[_Item], iteration: int | None) -> None:
+        """Give each item the iteration (and so the stage) it belongs to, and its idempotency key."""
+        served: dict[str, int] = {}
+        if iteration is None:
+            served = await self.storage.latest_served([it.sample_id for it in items])
+        latest = self.progress.last_iteration or 0
+        async for it in paced(items):
+            # Ids that were never served (sampled by another server, say) count toward the latest iteration.
+            it_iter = iteration if iteration is not None else served.get(it.sample_id, latest)
+            it.stage = self.progress.stage_of(it_iter)
+            sha = hashlib.sha256(it.completion.encode()).hexdigest()
+            it.key = (it_iter, it.sample_id, NO_SLOT if it.slot is None else it.slot, it.completion_index, sha)
+
+    def _stale_result(self, it: _Item) -> wire.GradeResult:
+        sid = SampleId.parse(it.sample_id)
+        src = self.curriculum.sources[sid.source]
+        self.metrics.grader_errors.labels("-", "stale").inc()
+        return wire.GradeResult(
+            sample_id=it.sample_id,
+            slot=it.slot,
+            completion_index=it.completion_index,
+            reward=self.curriculum.graders[sid.source].on_error,
+            error=(
+                f"stale sample_id: it was served from version {sid.version} of source {sid.source!r}, which is now "
+                f"version {src.version} (its data or settings changed), so it was not graded"
+            ),
+        )
+
+
+def _grade_input(it: _Item) -> GradeInput:
+    assert it.record is not None
+    return GradeInput(
+        prompt=it.record.prompt,
+        completion=it.completion,
+        answer=it.record.answer,
+        metadata=it.record.metadata,
+        completion_tokens=it.completion_tokens,
+    )
+
+
+def _result(it: _Item, row: GradeRow, *, cached: bool) -> wire.GradeResult:
+    return wire.GradeResult(
+        sample_id=it.sample_id,
+        slot=it.slot,
+        completion_index=it.completion_index,
+        reward=row.reward,
+        components=row.components,
+        error=row.error,
+        cached=cached,
+    )

@@ -1,0 +1,213 @@
+"""The state file as the event loop uses it: :class:`AsyncStore` decides where each store call runs, commits
+new iterations in groups, keeps the WAL short, and stops the server from serving once a write has failed.
+
+Where calls run. With ``PROCTOR_STATE_SYNC=normal`` (the default) a commit does not wait for the disk, and
+every call runs inline on the event loop: an indexed read or a commit costs tens of microseconds, where a hop
+to a thread costs a wait for the GIL that the busy loop holds (under load, most of /sample's latency). With
+``full`` a commit waits for an fsync, so every call runs on the store's own thread, in order. Start-up reads
+(full scans) always run on that thread, and checkpoints on a thread and connection of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
+
+from proctor.server.curriculum.engine import TransitionRecord
+from proctor.server.curriculum.loader import Curriculum
+from proctor.server.errors import UnavailableError
+from proctor.server.history import adopt_history, read_history
+from proctor.server.settings import Settings
+from proctor.server.store import GradeKey, GradeOutcome, GradeRow, IterationRow, StageTotals, Store
+
+__all__ = ["AsyncStore", "StoredProgress"]
+
+log = logging.getLogger("proctor")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_CHECKPOINT_EVERY_S = 0.5
+# A new iteration waiting for its group commit, with the future its requests wait on.
+_Queued = tuple[IterationRow, Sequence[TransitionRecord], str, "asyncio.Future[None]"]
+_WAL_RESTART_FRAMES = 8192  # 32 MiB of 4 KiB pages
+
+
+@dataclass(frozen=True, slots=True)
+class StoredProgress:
+    """What a previous run of this state file left: enough to carry on where it stopped."""
+
+    transitions: list[TransitionRecord]
+    decided_through: int | None
+    last_iteration: int | None
+    totals: dict[int, StageTotals]
+    recent_rewards: dict[int, list[float]]  # per stage, oldest first
+
+
+class AsyncStore:
+    """Create with :meth:`open`, release with :meth:`close`."""
+
+    def __init__(self, store: Store, thread: ThreadPoolExecutor, settings: Settings) -> None:
+        self._store = store
+        self._thread = thread
+        self._state = settings.state
+        self._inline = settings.state_sync != "full"
+        self.failure: str | None = None
+        self._checkpoints: asyncio.Task[None] | None = None
+        self._queued: list[_Queued] = []
+        self._committing = False
+
+    @classmethod
+    async def open(cls, settings: Settings, curriculum: Curriculum) -> AsyncStore:
+        """Open (or create) the state file for ``curriculum``, adopting ``settings.transitions`` if given."""
+        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proctor-store")
+        loop = asyncio.get_running_loop()
+        store = await loop.run_in_executor(thread, lambda: Store(settings.state, synchronous=settings.state_sync))
+        try:
+            await loop.run_in_executor(
+                thread,
+                lambda: store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed),
+            )
+            if settings.transitions is not None:
+                history = read_history(settings.transitions, curriculum)
+                source = str(settings.transitions)
+                await loop.run_in_executor(thread, lambda: adopt_history(store, history, source=source))
+        except BaseException:
+            await loop.run_in_executor(thread, store.close)
+            thread.shutdown()
+            raise
+        wrapper = cls(store, thread, settings)
+        wrapper._checkpoints = asyncio.create_task(wrapper._checkpoint_forever())
+        return wrapper
+
+    async def close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpoints
+        while self._committing or self._queued:  # let a group commit in progress finish
+            await asyncio.sleep(0.01)
+        await self._on_thread(self._store.close)
+        self._thread.shutdown(wait=True)
+
+    async def _checkpoint_forever(self) -> None:
+        """Keep the WAL short, on a thread of its own so that writes never wait for the copying."""
+        while True:
+            await asyncio.sleep(_CHECKPOINT_EVERY_S)
+            try:
+                await asyncio.to_thread(self._store.checkpoint, restart_after_frames=_WAL_RESTART_FRAMES)
+            except Exception:  # a busy or failing checkpoint is retried; writes report their own failures
+                log.exception("WAL checkpoint failed")
+
+    # --- failure ------------------------------------------------------------------------------------------
+
+    def fail(self, exc: BaseException) -> str:
+        """Stop serving: the state file refused a write, so memory would run ahead of it. Returns the reason."""
+        if self.failure is None:
+            self.failure = f"the state file {self._state} stopped accepting writes ({exc}); restart the server"
+            log.critical("%s", self.failure)
+        return self.failure
+
+    def check_healthy(self) -> None:
+        """Raise :class:`UnavailableError` (503) once a write has failed."""
+        if self.failure is not None:
+            raise UnavailableError(self.failure)
+
+    # --- where calls run ----------------------------------------------------------------------------------
+
+    async def _on_thread(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args, **kwargs))
+
+    async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        if self._inline:
+            return fn(*args, **kwargs)
+        return await self._on_thread(fn, *args, **kwargs)
+
+    # --- reads --------------------------------------------------------------------------------------------
+
+    async def stored_progress(self, stages: int, window: Callable[[int], int]) -> StoredProgress:
+        """Everything :class:`StoredProgress` holds; ``window(stage)`` is how many recent rewards to read."""
+        s = self._store
+        return StoredProgress(
+            transitions=await self._on_thread(s.transitions),
+            decided_through=await self._on_thread(s.decided_through),
+            last_iteration=await self._on_thread(s.last_iteration),
+            totals=await self._on_thread(s.stage_totals),
+            recent_rewards={i: await self._on_thread(s.recent_rewards, i, window(i)) for i in range(stages)},
+        )
+
+    async def get_iteration(self, iteration: int) -> IterationRow | None:
+        return await self._call(self._store.get_iteration, iteration)
+
+    async def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]:
+        return await self._call(self._store.latest_served, sample_ids)
+
+    async def has_grades(self, iteration: int) -> bool:
+        return await self._call(self._store.has_grades, iteration)
+
+    async def find_grades(self, keys: Iterable[GradeKey]) -> dict[GradeKey, GradeRow]:
+        return await self._call(self._store.find_grades, keys)
+
+    # --- writes -------------------------------------------------------------------------------------------
+
+    def record_iteration(
+        self, row: IterationRow, transitions: Sequence[TransitionRecord], samples_json: str
+    ) -> asyncio.Future[None]:
+        """Queue a new iteration for the next group commit; the future is done once it is on disk.
+
+        The iterations decided in one turn of the event loop (requests that arrived together) are committed
+        in one transaction at the start of the next turn; with ``full`` sync, those decided while a commit
+        waits for its fsync go in the one after. Commits stay in decision order. Should a commit fail, every
+        future of its group fails and the server stops serving (:meth:`fail`).
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._queued.append((row, transitions, samples_json, done))
+        if not self._committing:
+            self._committing = True
+            loop.call_soon(self._start_commit)
+        return done
+
+    def _start_commit(self) -> None:
+        group, self._queued = self._queued, []
+        entries = [(row, transitions, samples_json) for row, transitions, samples_json, _ in group]
+        if self._inline:
+            try:
+                self._store.record_iterations(entries)
+            except Exception as exc:
+                self._committed(group, exc)
+            else:
+                self._committed(group, None)
+            return
+        task = asyncio.ensure_future(self._on_thread(self._store.record_iterations, entries))
+        task.add_done_callback(
+            lambda t: self._committed(group, asyncio.CancelledError() if t.cancelled() else t.exception())
+        )
+
+    def _committed(self, group: list[_Queued], exc: BaseException | None) -> None:
+        if exc is not None:
+            self.fail(exc)
+        for *_, done in group:
+            if done.cancelled():
+                continue
+            if exc is None:
+                done.set_result(None)
+            else:
+                done.set_exception(exc)
+        if self._queued:
+            asyncio.get_running_loop().call_soon(self._start_commit)
+        else:
+            self._committing = False
+
+    async def insert_grades(self, rows: Sequence[GradeRow]) -> list[GradeOutcome]:
+        """Store grades in one transaction (see :meth:`Store.insert_grades`); a failed write stops the server
+        and is a 503."""
+        try:
+            return await self._call(self._store.insert_grades, rows)
+        except Exception as exc:
+            raise UnavailableError(self.fail(exc)) from exc

@@ -1,0 +1,77 @@
+"""``GET /meta`` and ``GET /curriculum``: what the server serves and where its curriculum stands."""
+
+from __future__ import annotations
+
+from proctor.server import __version__
+from proctor.server import protocol as wire
+from proctor.server.curriculum.loader import Curriculum
+from proctor.server.curriculum.progress import CurriculumProgress
+from proctor.server.settings import Settings
+
+__all__ = ["curriculum_state", "meta"]
+
+
+def meta(curriculum: Curriculum, settings: Settings) -> wire.Meta:
+    c = curriculum
+    return wire.Meta(
+        total_iterations=c.total_iterations,
+        stages=[wire.StageInfo(name=s.name, until_step=s.until_step) for s in c.stages],
+        curriculum=c.name,
+        curriculum_hash=c.hash,
+        seed=c.seed,
+        sources=[
+            wire.SourceInfo(
+                name=name, kind=src.kind, version=src.version, size=src.size, graders=list(c.graders[name].names)
+            )
+            for name, src in c.sources.items()
+        ],
+        max_batch_size=settings.max_batch_size,
+        max_grade_items=settings.max_grade_items,
+        max_body_bytes=settings.max_body_bytes,
+        version=__version__,
+    )
+
+
+def curriculum_state(progress: CurriculumProgress) -> wire.CurriculumState:
+    c, schedule = progress.curriculum, progress.schedule
+    starts: dict[int, int] = {0: 0}
+    for t in schedule.transitions:
+        starts[t.to_stage] = t.iteration
+    current = schedule.current
+    stages = [
+        wire.StageState(
+            name=s.name,
+            index=s.index,
+            until_step=s.until_step,
+            started_at=starts.get(s.index) if s.index <= current else None,
+            advance=s.advance.model_dump() if s.advance else None,
+            iterations=tally.iterations,
+            samples=tally.samples,
+            graded=tally.graded,
+            errors=tally.errors,
+            mean_reward=tally.mean,
+            rolling_reward=tally.rolling,
+            rolling_count=len(tally.window),
+        )
+        for s, tally in zip(c.stages, progress.statistics.stages, strict=True)
+    ]
+    return wire.CurriculumState(
+        curriculum=c.name,
+        curriculum_hash=c.hash,
+        current_stage=c.stages[current].name,
+        current_stage_index=current,
+        last_iteration=progress.last_iteration,
+        total_iterations=c.total_iterations,
+        transitions=[
+            wire.Transition(
+                iteration=t.iteration,
+                from_stage=c.stages[t.from_stage].name,
+                to_stage=c.stages[t.to_stage].name,
+                reason=t.reason,
+                rolling_reward=t.rolling_reward,
+                rolling_count=t.rolling_count,
+            )
+            for t in schedule.transitions
+        ],
+        stages=stages,
+    )
