@@ -353,6 +353,10 @@ def table(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     baseline = None if "--no-baseline" in args else BASELINE
+    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{BASELINE}^{{commit}}"], capture_output=True)
+    if baseline is not None and known.returncode != 0:
+        print(f"commit {BASELINE} is not in this clone (a shallow one?): measuring this version alone")
+        baseline = None
     results = run(baseline=baseline)
     env = results["env"]
     print(f"server load, {CONCURRENCY} concurrent connections, {env['cpus']} CPUs, Python {env['python']}")
