@@ -7,9 +7,10 @@ Two answer sets, each graded by both, in this process, one completion after anot
 - LaTeX answers: references such as ``\\frac{\\sqrt{2}}{2}``, ``x^2+1``, ``\\pi/4``, ``(1, 2]``, and
   completions ending in a ``\\boxed{…}`` that is right or wrong.
 
-"before" is math_verify alone as the grader used to call it: the reference parsed on every call (wrapped in
-``\\boxed{}`` when it has no LaTeX delimiter), the response parsed with math_verify's default configs, then
-``verify``. "after" is :func:`proctor.server.grading.builtin.math`, its reference cache cold at the start.
+"before" is the ``math`` grader of the baseline commit (``bench._baseline``), read with git: math_verify alone,
+the reference parsed on every call (wrapped in ``\\boxed{}`` when it has no LaTeX delimiter), the response
+parsed with math_verify's default configs, then ``verify``. "after" is
+:func:`proctor.server.grading.builtin.math`, its reference cache cold at the start.
 Every completion differs in its reasoning, and most answers in their text too (``\\frac{3\\pi}{12}``,
 ``\\frac{4\\pi}{16}``, …; every LaTeX one), so math_verify's own 20-entry caches of parsed text rarely answer
 a completion from an earlier one; they do keep the few references parsed for "before", as they did for the
@@ -19,18 +20,16 @@ graders see the same completions in the same order, and their verdicts are compa
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import random
-import re
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
-from math import ceil
 
+from bench._baseline import BASELINE, available, old_module
 from bench._results import save
 from proctor.server.grading import builtin
 from proctor.server.grading.base import GradeInput
@@ -60,36 +59,10 @@ class Row:
         return self.seconds / self.completions * 1e6
 
 
-# --- "before": the grader as it was -------------------------------------------------------------------------
-
-_LATEX_DELIMITED = re.compile(r"\\boxed|\$|\\\(|\\\[")
-
-
-def _math_verify_timeout(timeout_s: float) -> int | None:
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    if signal.getitimer(signal.ITIMER_REAL)[0] > 0:
-        return None
-    return ceil(timeout_s)
-
-
-def before(sample: GradeInput) -> float:
-    """The ``math`` grader before the fast path: math_verify alone, the reference parsed on every call."""
-    from math_verify import parse, verify
-
-    answer = sample.answer
-    assert answer is not None
-    timeout = _math_verify_timeout(TIMEOUT_S)
-    gold = parse(answer if _LATEX_DELIMITED.search(answer) else f"\\boxed{{{answer}}}", parsing_timeout=timeout)
-    if not gold:
-        raise ValueError(f"could not parse the reference answer {answer!r}")
-    pred = parse(sample.response, parsing_timeout=timeout)
-    return 1.0 if pred and verify(gold, pred, timeout_seconds=timeout) else 0.0
-
-
-def after(sample: GradeInput) -> float:
-    """The ``math`` grader as it is now."""
-    return builtin.math(sample, timeout_s=TIMEOUT_S)
+def graders() -> tuple[Grader, Grader]:
+    """``(before, after)``: the ``math`` grader of the baseline commit, read from git, and today's."""
+    old = old_module("server/grading/builtin.py")
+    return functools.partial(old.math, timeout_s=TIMEOUT_S), functools.partial(builtin.math, timeout_s=TIMEOUT_S)
 
 
 # --- the answer sets ----------------------------------------------------------------------------------------
@@ -170,6 +143,7 @@ def _time(grader: Grader, samples: list[GradeInput], seconds: float) -> tuple[li
 
 def run(n: int = COMPLETIONS, seconds: float = SECONDS) -> tuple[list[Row], dict[str, object]]:
     """Grade both answer sets with both graders; a row per (answer set, grader)."""
+    before, after = graders()
     # Imported and warmed first, so that neither grader's time includes loading sympy.
     before(GradeInput(prompt="", completion="\\boxed{1}", answer="1"))
     rows: list[Row] = []
@@ -217,6 +191,9 @@ def table(rows: list[Row]) -> str:
 
 
 def main() -> None:
+    if not available():
+        print(f"math grader: commit {BASELINE} is not in this clone (a shallow one?), so there is no before to time")
+        return
     rows, env = run()
     print(f"math grader, one process, {env['limit']}, Python {env['python']}, math-verify {env['math_verify']}")
     print(table(rows))

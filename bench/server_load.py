@@ -29,13 +29,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench._baseline import BASELINE, available, checkout
 from bench._http import Connection
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
@@ -45,8 +46,6 @@ CONCURRENCY = 8
 SAMPLE_BATCH = 16
 GRADE_ITEMS = 64
 ROWS = 5_000
-# The server before the grade path was reworked (fast math grader, per-chunk pool results, group commits).
-BASELINE = "522d337"
 
 
 @dataclass
@@ -252,25 +251,6 @@ def bare_rate(pairs: list[tuple[str, str]], env: dict[str, str] | None) -> float
     return float(out.stdout)
 
 
-@contextlib.contextmanager
-def checkout(ref: str) -> Iterator[tuple[dict[str, str], str]]:
-    """A worktree of ``ref`` importable as ``proctor.*`` (a PYTHONPATH that shadows this checkout), and the
-    module that runs its ``serve`` command."""
-    with tempfile.TemporaryDirectory(prefix="proctor-baseline-") as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), ref], check=True)
-        try:
-            package = Path(tmp) / "path" / "proctor"
-            package.mkdir(parents=True)
-            for name in ("server", "client", "curricula", "cli"):
-                if (tree / name).is_dir():
-                    (package / name).symlink_to(tree / name)
-            module = "proctor.cli" if (tree / "cli").is_dir() else "proctor.server.cli"
-            yield {"PYTHONPATH": str(package.parent)}, module
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
-
-
 def _measure(seconds: float, env: dict[str, str] | None, module: str) -> tuple[list[Row], float, float]:
     """Rows, completions/s of the plain-number /grade row, and the bare single-process rate."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -353,8 +333,7 @@ def table(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     baseline = None if "--no-baseline" in args else BASELINE
-    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{BASELINE}^{{commit}}"], capture_output=True)
-    if baseline is not None and known.returncode != 0:
+    if baseline is not None and not available(baseline):
         print(f"commit {BASELINE} is not in this clone (a shallow one?): measuring this version alone")
         baseline = None
     results = run(baseline=baseline)

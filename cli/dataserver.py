@@ -57,6 +57,8 @@ def serve(args: argparse.Namespace) -> int:
                 adopt_history(store, history, source=str(settings.transitions))
         finally:
             store.close()
+        # Adopted into the file already: the server's start-up need not read and adopt it again.
+        settings = settings.model_copy(update={"transitions": None})
     app = create_app(settings, curriculum_obj=curriculum)
     # On SIGTERM uvicorn stops accepting, lets in-flight requests finish for up to shutdown_timeout_s, then
     # runs the lifespan's shutdown, which stops the graders and closes the state file.

@@ -45,7 +45,7 @@ class ServedBatch:
 
     def samples_json(self) -> str:
         """The samples as the store keeps them: a JSON list."""
-        return "[" + ",".join(s.decode() for s in self.samples) + "]"
+        return (b"[" + b",".join(self.samples) + b"]").decode()
 
     def response(self, rank: int | None, world_size: int | None) -> bytes:
         """The JSON of :class:`~proctor.server.protocol.SampleResponse`: the whole batch, or a rank's

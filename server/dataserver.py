@@ -12,9 +12,11 @@ import httpx
 
 from proctor.server import protocol as wire
 from proctor.server import views
+from proctor.server.context import ServingContext
 from proctor.server.curriculum.engine import StageSchedule
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
+from proctor.server.curriculum.statistics import CurriculumStatistics
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.pool import GraderPool
 from proctor.server.grading.service import GradingService
@@ -22,6 +24,7 @@ from proctor.server.metrics import Metrics
 from proctor.server.sampling import SamplingService
 from proctor.server.settings import Settings
 from proctor.server.storage import AsyncStore
+from proctor.server.store import StageTotals
 
 __all__ = ["Dataserver"]
 
@@ -29,28 +32,13 @@ __all__ = ["Dataserver"]
 class Dataserver:
     """Create with :meth:`open`, release with :meth:`close`."""
 
-    def __init__(
-        self,
-        curriculum: Curriculum,
-        settings: Settings,
-        metrics: Metrics,
-        storage: AsyncStore,
-        pool: GraderPool,
-        http: httpx.AsyncClient,
-        progress: CurriculumProgress,
-    ) -> None:
-        self.curriculum = curriculum
-        self.settings = settings
-        self.metrics = metrics
-        self.storage = storage
-        self.progress = progress
+    def __init__(self, ctx: ServingContext, pool: GraderPool, http: httpx.AsyncClient) -> None:
+        self.ctx = ctx
         self._pool = pool
         self._http = http
-        self.sampling = SamplingService(curriculum, settings, metrics, storage, progress)
-        fanout = GraderFanout(pool, http, metrics, settings.grader_timeout_s)
-        self.grading = GradingService(
-            curriculum, settings, metrics, storage, progress, fanout, slots_of=self.sampling.sample_ids
-        )
+        self.sampling = SamplingService(ctx)
+        fanout = GraderFanout(pool, http, ctx.metrics, ctx.settings.grader_timeout_s)
+        self.grading = GradingService(ctx, fanout, slots_of=self.sampling.sample_ids)
 
     @classmethod
     async def open(cls, curriculum: Curriculum, settings: Settings, metrics: Metrics) -> Dataserver:
@@ -67,44 +55,42 @@ class Dataserver:
         if progress.last_iteration is not None:
             metrics.last_iteration.set(progress.last_iteration)
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False)
-        return cls(curriculum, settings, metrics, storage, pool, http, progress)
+        return cls(ServingContext(curriculum, settings, metrics, storage, progress), pool, http)
 
     async def close(self) -> None:
         await self._pool.close()
         await self._http.aclose()
-        await self.storage.close()
+        await self.ctx.storage.close()
 
     @property
     def failure(self) -> str | None:
         """Why the server refuses work (its state file refused a write), or None while it serves."""
-        return self.storage.failure
+        return self.ctx.storage.failure
 
     @property
     def last_iteration(self) -> int | None:
-        return self.progress.last_iteration
+        return self.ctx.progress.last_iteration
 
     def meta(self) -> wire.Meta:
-        return views.meta(self.curriculum, self.settings)
+        return views.meta(self.ctx.curriculum, self.ctx.settings)
 
     def curriculum_state(self) -> wire.CurriculumState:
-        return views.curriculum_state(self.progress)
+        return views.curriculum_state(self.ctx.progress)
 
 
 async def _restore(curriculum: Curriculum, storage: AsyncStore) -> CurriculumProgress:
-    progress = CurriculumProgress(curriculum)
-    stats = progress.statistics
-    stored = await storage.stored_progress(len(curriculum.stages), stats.window_size)
-    progress.schedule = StageSchedule(curriculum.stages, stored.transitions, decided_through=stored.decided_through)
-    progress.last_iteration = stored.last_iteration
+    statistics = CurriculumStatistics(curriculum.stages)
+    stored = await storage.stored_progress(len(curriculum.stages), statistics.window_size)
     for stage in range(len(curriculum.stages)):
-        t = stored.totals.get(stage)
-        stats.restore(
+        t = stored.totals.get(stage, StageTotals())
+        statistics.restore(
             stage,
-            iterations=t.iterations if t else 0,
-            samples=t.samples if t else 0,
-            graded=t.graded if t else 0,
-            errors=t.errors if t else 0,
-            reward_sum=t.reward_sum if t else 0.0,
+            iterations=t.iterations,
+            samples=t.samples,
+            graded=t.graded,
+            errors=t.errors,
+            reward_sum=t.reward_sum,
             recent=stored.recent_rewards.get(stage, []),
         )
-    return progress
+    schedule = StageSchedule(curriculum.stages, stored.transitions, decided_through=stored.decided_through)
+    return CurriculumProgress(curriculum, schedule, statistics, stored.last_iteration)

@@ -13,15 +13,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from proctor.server.exceptions import ConflictError, InvalidRequestError, ProctorError, RequestError, UnavailableError
+from proctor.server.exceptions import RequestError
 
 __all__ = [
-    "ConflictError",
     "ErrorBody",
-    "InvalidRequestError",
-    "ProctorError",
-    "RequestError",
-    "UnavailableError",
     "ValidationErrorBody",
     "error_responses",
     "install_error_handlers",

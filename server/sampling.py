@@ -14,35 +14,20 @@ from typing import Any
 
 from proctor.server import protocol as wire
 from proctor.server.batches import SampleCache, ServedBatch, encode_sample
-from proctor.server.curriculum.loader import Curriculum
+from proctor.server.context import ServingContext
 from proctor.server.curriculum.mixing import Mixer
-from proctor.server.curriculum.progress import CurriculumProgress
-from proctor.server.errors import ConflictError, InvalidRequestError, UnavailableError
-from proctor.server.metrics import Metrics
+from proctor.server.exceptions import ConflictError, InvalidRequestError, UnavailableError
 from proctor.server.pacing import paced
-from proctor.server.settings import Settings
-from proctor.server.storage import AsyncStore
 from proctor.server.store import IterationRow
 
 __all__ = ["SamplingService"]
 
 
 class SamplingService:
-    def __init__(
-        self,
-        curriculum: Curriculum,
-        settings: Settings,
-        metrics: Metrics,
-        storage: AsyncStore,
-        progress: CurriculumProgress,
-    ) -> None:
-        self.curriculum = curriculum
-        self.settings = settings
-        self.metrics = metrics
-        self.storage = storage
-        self.progress = progress
-        self.mixer = Mixer(curriculum)
-        self.cache = SampleCache(settings.sample_cache, settings.sample_cache_bytes)
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self.mixer = Mixer(ctx.curriculum)
+        self.cache = SampleCache(ctx.settings.sample_cache, ctx.settings.sample_cache_bytes)
         self._lock = asyncio.Lock()
         # Iterations decided but not yet committed, with the future of their commit.
         self._pending: dict[int, tuple[ServedBatch, asyncio.Future[None]]] = {}
@@ -50,7 +35,7 @@ class SamplingService:
     async def sample(self, req: wire.SampleRequest) -> bytes:
         """The JSON of :class:`~proctor.server.protocol.SampleResponse` for ``req.iteration`` (or the rank's
         share of it), creating the batch on first request."""
-        limit = self.settings.max_batch_size
+        limit = self.ctx.settings.max_batch_size
         if req.batch_size > limit:
             raise InvalidRequestError(
                 "batch_size", f"{req.batch_size} is above this server's maximum of {limit} (PROCTOR_MAX_BATCH_SIZE)"
@@ -61,7 +46,7 @@ class SamplingService:
                 f"{req.batch_size} prompts cannot be split evenly over world_size {req.world_size}; "
                 "send the step's prompts across all ranks, a multiple of world_size",
             )
-        self.storage.check_healthy()
+        self.ctx.storage.check_healthy()
         batch, committed = self._pending.get(req.iteration, (self.cache.get(req.iteration), None))
         if batch is None:
             async with self._lock:
@@ -75,7 +60,7 @@ class SamplingService:
             try:
                 await asyncio.shield(committed)
             except Exception as exc:
-                raise UnavailableError(self.storage.failure or f"the state file refused a write ({exc})") from exc
+                raise UnavailableError(self.ctx.storage.failure or f"the state file refused a write ({exc})") from exc
         if batch.batch_size != req.batch_size:
             raise ConflictError(
                 f"iteration {req.iteration} was sampled with batch_size {batch.batch_size}; ask again with "
@@ -91,8 +76,8 @@ class SamplingService:
 
     async def _new_iteration(self, iteration: int, batch_size: int) -> tuple[ServedBatch, asyncio.Future[None]]:
         """Decide and draw a new iteration, and queue it for the next group commit."""
-        stage, transitions = self.progress.begin(iteration, batch_size)
-        picks = self.mixer.draw(iteration, batch_size, self.progress.stage_of)
+        stage, transitions = self.ctx.progress.begin(iteration, batch_size)
+        picks = self.mixer.draw(iteration, batch_size, self.ctx.progress.stage_of)
         # Records are built and encoded a slice at a time (a generated one costs tens of microseconds); the
         # lock is held meanwhile, so every other request for a new iteration waits for this one.
         samples: list[dict[str, Any]] = []
@@ -100,33 +85,33 @@ class SamplingService:
         async for source, key in paced(picks):
             samples.append(self._sample_dict(source, key))
             encoded.append(encode_sample(len(encoded), samples[-1]))
-        stage_name = self.curriculum.stages[stage].name
+        stage_name = self.ctx.curriculum.stages[stage].name
         batch = ServedBatch(
             iteration, batch_size, stage, stage_name, tuple(encoded), tuple(s["sample_id"] for s in samples)
         )
         row = IterationRow(iteration, batch_size, stage, samples)
-        committed = self.storage.record_iteration(row, transitions, batch.samples_json())
+        committed = self.ctx.storage.record_iteration(row, transitions, batch.samples_json())
         self._pending[iteration] = (batch, committed)
         committed.add_done_callback(lambda fut: self._on_committed(batch, fut))
 
         for source, count in Counter(source for source, _ in picks).items():
-            self.metrics.samples.labels(stage_name, source).inc(count)
-        assert self.progress.last_iteration is not None
-        self.metrics.last_iteration.set(self.progress.last_iteration)
+            self.ctx.metrics.samples.labels(stage_name, source).inc(count)
+        assert self.ctx.progress.last_iteration is not None
+        self.ctx.metrics.last_iteration.set(self.ctx.progress.last_iteration)
         if transitions:
-            self.metrics.transitions.inc(len(transitions))
-            self.metrics.publish_stage(self.curriculum, self.progress.schedule.current)
+            self.ctx.metrics.transitions.inc(len(transitions))
+            self.ctx.metrics.publish_stage(self.ctx.curriculum, self.ctx.progress.schedule.current)
         return batch, committed
 
     async def _stored(self, iteration: int) -> ServedBatch | None:
         """A committed iteration: from the cache, or read back from the store (and cached)."""
         batch = self.cache.get(iteration)
         # Only iterations up to the highest one sampled can be in the store.
-        last = self.progress.last_iteration
+        last = self.ctx.progress.last_iteration
         if batch is None and last is not None and iteration <= last:
-            row = await self.storage.get_iteration(iteration)
+            row = await self.ctx.storage.get_iteration(iteration)
             if row is not None:
-                batch = ServedBatch.of(row, self.curriculum.stages[row.stage].name)
+                batch = ServedBatch.of(row, self.ctx.curriculum.stages[row.stage].name)
                 self.cache.put(batch)
         return batch
 
@@ -136,12 +121,12 @@ class SamplingService:
             self.cache.put(batch)
 
     def _sample_dict(self, source: str, key: int) -> dict[str, Any]:
-        src = self.curriculum.sources[source]
+        src = self.ctx.curriculum.sources[source]
         record = src.record(key)
         return {
             "sample_id": src.sample_id(key),
             "dataset_id": source,
-            "system_prompt": record.system_prompt or self.curriculum.system_prompt,
+            "system_prompt": record.system_prompt or self.ctx.curriculum.system_prompt,
             "prompt": record.prompt,
             "metadata": dict(record.metadata),
         }

@@ -20,7 +20,7 @@ from typing import ParamSpec, TypeVar
 
 from proctor.server.curriculum.engine import TransitionRecord
 from proctor.server.curriculum.loader import Curriculum
-from proctor.server.errors import UnavailableError
+from proctor.server.exceptions import UnavailableError
 from proctor.server.history import adopt_history, read_history
 from proctor.server.settings import Settings
 from proctor.server.store import GradeKey, GradeOutcome, GradeRow, IterationRow, StageTotals, Store
@@ -60,7 +60,8 @@ class AsyncStore:
         self.failure: str | None = None
         self._checkpoints: asyncio.Task[None] | None = None
         self._queued: list[_Queued] = []
-        self._committing = False
+        self._idle = asyncio.Event()  # set while no group commit is queued or running
+        self._idle.set()
 
     @classmethod
     async def open(cls, settings: Settings, curriculum: Curriculum) -> AsyncStore:
@@ -90,8 +91,7 @@ class AsyncStore:
             self._checkpoints.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checkpoints
-        while self._committing or self._queued:  # let a group commit in progress finish
-            await asyncio.sleep(0.01)
+        await self._idle.wait()  # let a group commit in progress finish
         await self._on_thread(self._store.close)
         self._thread.shutdown(wait=True)
 
@@ -168,8 +168,8 @@ class AsyncStore:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._queued.append((row, transitions, samples_json, done))
-        if not self._committing:
-            self._committing = True
+        if self._idle.is_set():
+            self._idle.clear()
             loop.call_soon(self._start_commit)
         return done
 
@@ -177,12 +177,12 @@ class AsyncStore:
         group, self._queued = self._queued, []
         entries = [(row, transitions, samples_json) for row, transitions, samples_json, _ in group]
         if self._inline:
+            failure: Exception | None = None
             try:
                 self._store.record_iterations(entries)
             except Exception as exc:
-                self._committed(group, exc)
-            else:
-                self._committed(group, None)
+                failure = exc
+            self._committed(group, failure)
             return
         task = asyncio.ensure_future(self._on_thread(self._store.record_iterations, entries))
         task.add_done_callback(
@@ -202,7 +202,7 @@ class AsyncStore:
         if self._queued:
             asyncio.get_running_loop().call_soon(self._start_commit)
         else:
-            self._committing = False
+            self._idle.set()
 
     async def insert_grades(self, rows: Sequence[GradeRow]) -> list[GradeOutcome]:
         """Store grades in one transaction (see :meth:`Store.insert_grades`); a failed write stops the server

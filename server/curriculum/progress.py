@@ -13,11 +13,17 @@ __all__ = ["CurriculumProgress"]
 
 
 class CurriculumProgress:
-    def __init__(self, curriculum: Curriculum, schedule: StageSchedule | None = None) -> None:
+    def __init__(
+        self,
+        curriculum: Curriculum,
+        schedule: StageSchedule | None = None,
+        statistics: CurriculumStatistics | None = None,
+        last_iteration: int | None = None,
+    ) -> None:
         self.curriculum = curriculum
         self.schedule = schedule or StageSchedule(curriculum.stages)
-        self.statistics = CurriculumStatistics(curriculum.stages)
-        self.last_iteration: int | None = None
+        self.statistics = statistics or CurriculumStatistics(curriculum.stages)
+        self.last_iteration = last_iteration
 
     def stage_of(self, iteration: int) -> int:
         return self.schedule.stage_of(iteration)

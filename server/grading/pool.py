@@ -109,8 +109,12 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
         raise _OutOfTime
 
 
+def _timeout_message(timeout_s: float) -> str:
+    return f"graders did not finish within {timeout_s:g}s"
+
+
 def _timed_out(n: int, timeout_s: float) -> list[_Raw]:
-    return [(FailureKind.TIMEOUT.value, f"graders did not finish within {timeout_s:g}s")] * n
+    return [(FailureKind.TIMEOUT.value, _timeout_message(timeout_s))] * n
 
 
 def _grade(graders: Sequence[tuple[str, str, Mapping[str, Any]]], sample: GradeInput, timeout_s: float) -> list[_Raw]:
@@ -303,9 +307,7 @@ class GraderPool:
                         await asyncio.wait_for(ready, timeout_s + _FLUSH_S + _GRACE_S)
                     except TimeoutError:
                         # Its own timer did not stop the grader: kill the worker (see the module's docstring).
-                        failure = GraderOutcome.failed(
-                            FailureKind.TIMEOUT, f"graders did not finish within {timeout_s:g}s"
-                        )
+                        failure = GraderOutcome.failed(FailureKind.TIMEOUT, _timeout_message(timeout_s))
                         return out, failure
                     finally:
                         loop.remove_reader(fd)

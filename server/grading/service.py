@@ -13,19 +13,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from proctor.server import protocol as wire
-from proctor.server.curriculum.loader import Curriculum
-from proctor.server.curriculum.progress import CurriculumProgress
+from proctor.server.context import ServingContext
 from proctor.server.curriculum.statistics import CountedGrade
-from proctor.server.errors import InvalidRequestError
+from proctor.server.exceptions import InvalidRequestError
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.compose import compose
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.outcome import GraderOutcome
-from proctor.server.metrics import Metrics
 from proctor.server.pacing import paced
-from proctor.server.settings import Settings
 from proctor.server.sources.base import Record, SampleId
-from proctor.server.storage import AsyncStore
 from proctor.server.store import NO_SLOT, GradeKey, GradeRow
 
 __all__ = ["GradingService"]
@@ -52,28 +48,15 @@ class _Item:
 
 
 class GradingService:
-    def __init__(
-        self,
-        curriculum: Curriculum,
-        settings: Settings,
-        metrics: Metrics,
-        storage: AsyncStore,
-        progress: CurriculumProgress,
-        fanout: GraderFanout,
-        slots_of: SlotLookup,
-    ) -> None:
-        self.curriculum = curriculum
-        self.settings = settings
-        self.metrics = metrics
-        self.storage = storage
-        self.progress = progress
+    def __init__(self, ctx: ServingContext, fanout: GraderFanout, slots_of: SlotLookup) -> None:
+        self.ctx = ctx
         self.fanout = fanout
         self._slots_of = slots_of
         self._loop_share = asyncio.Lock()
 
     async def grade(self, req: wire.GradeRequest) -> wire.GradeResponse:
         """Rewards for the request's completions, matched by ``(slot or sample_id, completion_index)``."""
-        self.storage.check_healthy()
+        self.ctx.storage.check_healthy()
         # The event loop's share of a /grade (validation, look-ups, composing, storing, answering) runs one
         # request at a time, in slices: with eight requests interleaving their slices, a /healthz or /sample
         # waited for all eight at each of its turns of the loop. Grading itself, in other processes or
@@ -85,15 +68,15 @@ class GradingService:
             await self._attribute(items, req.iteration)
             keys = [it.key for it in items if it.record is not None]
             # Only an iteration that was graded before can have stored grades: usually nothing to look up.
-            graded = {i for i in {key[0] for key in keys} if await self.storage.has_grades(i)}
-            stored = await self.storage.find_grades([k for k in keys if k[0] in graded]) if graded else {}
+            graded = {i for i in {key[0] for key in keys} if await self.ctx.storage.has_grades(i)}
+            stored = await self.ctx.storage.find_grades([k for k in keys if k[0] in graded]) if graded else {}
             # Errors are not final: a completion whose grader failed is graded again when posted again.
             fresh = [
                 it
                 for it in items
                 if it.record is not None and ((prior := stored.get(it.key)) is None or prior.error is not None)
             ]
-            work = [(self.curriculum.graders[it.source], _grade_input(it)) for it in fresh]
+            work = [(self.ctx.curriculum.graders[it.source], _grade_input(it)) for it in fresh]
         outcomes = await self.fanout.grade(work) if work else []
         async with self._loop_share:
             return await self._store_and_answer(items, fresh, outcomes, stored)
@@ -105,27 +88,28 @@ class GradingService:
         outcomes: Sequence[Mapping[str, GraderOutcome]],
         stored: dict[GradeKey, GradeRow],
     ) -> wire.GradeResponse:
+        ctx = self.ctx
         rows: dict[GradeKey, GradeRow] = {}
         async for it, per_grader in paced(zip(fresh, outcomes, strict=True)):
-            c = compose(self.curriculum.graders[it.source], per_grader)
+            c = compose(ctx.curriculum.graders[it.source], per_grader)
             rows[it.key] = GradeRow(it.key, it.stage, it.source, c.reward, c.components, c.error)
         raced: set[GradeKey] = set()
         # Stored (and counted) a slice at a time; each grade is idempotent, so a slice is a unit of its own.
         pending = list(rows.values())
         for start in range(0, len(pending), _GRADES_PER_COMMIT):
             part = pending[start : start + _GRADES_PER_COMMIT]
-            statuses = await self.storage.insert_grades(part)
+            statuses = await ctx.storage.insert_grades(part)
             raced.update(row.key for row, status in zip(part, statuses, strict=True) if status == "exists")
             new = [(row, status) for row, status in zip(part, statuses, strict=True) if status != "exists"]
-            touched = self.progress.statistics.graded(
+            touched = ctx.progress.statistics.graded(
                 CountedGrade(row.stage, None if row.error is not None else row.reward, status == "replaced_error")
                 for row, status in new
             )
-            self.metrics.count_grades(self.curriculum, self.progress.statistics, (row for row, _ in new), touched)
+            ctx.metrics.count_grades(ctx.curriculum, ctx.progress.statistics, (row for row, _ in new), touched)
             await asyncio.sleep(0)
         if raced:
             # Another request stored the same grade meanwhile; answer with that one, count it once.
-            stored.update(await self.storage.find_grades(raced))
+            stored.update(await ctx.storage.find_grades(raced))
         results = []
         async for it in paced(items):
             if it.record is None:
@@ -133,12 +117,12 @@ class GradingService:
             elif it.key in rows and it.key not in raced:
                 results.append(_result(it, rows[it.key], cached=False))
             else:
-                self.metrics.grades_cached.inc()
+                ctx.metrics.grades_cached.inc()
                 results.append(_result(it, stored[it.key], cached=True))
         return wire.GradeResponse(results=results)
 
     async def _validate(self, req: wire.GradeRequest) -> list[_Item]:
-        s = self.settings
+        s = self.ctx.settings
         if len(req.items) > s.max_grade_items:
             raise InvalidRequestError(
                 "items",
@@ -157,9 +141,9 @@ class GradingService:
                     f"{s.max_completion_chars} (PROCTOR_MAX_COMPLETION_CHARS)",
                 )
             sid = SampleId.parse(item.sample_id)  # its shape was checked with the wire model
-            src = self.curriculum.sources.get(sid.source)
+            src = self.ctx.curriculum.sources.get(sid.source)
             if src is None:
-                known = ", ".join(sorted(self.curriculum.sources))
+                known = ", ".join(sorted(self.ctx.curriculum.sources))
                 raise InvalidRequestError(
                     f"items[{n}].sample_id",
                     f"unknown source {sid.source!r} in {item.sample_id!r}; this server's sources are: {known}",
@@ -223,24 +207,24 @@ class GradingService:
         """Give each item the iteration (and so the stage) it belongs to, and its idempotency key."""
         served: dict[str, int] = {}
         if iteration is None:
-            served = await self.storage.latest_served([it.sample_id for it in items])
-        latest = self.progress.last_iteration or 0
+            served = await self.ctx.storage.latest_served([it.sample_id for it in items])
+        latest = self.ctx.progress.last_iteration or 0
         async for it in paced(items):
             # Ids that were never served (sampled by another server, say) count toward the latest iteration.
             it_iter = iteration if iteration is not None else served.get(it.sample_id, latest)
-            it.stage = self.progress.stage_of(it_iter)
+            it.stage = self.ctx.progress.stage_of(it_iter)
             sha = hashlib.sha256(it.completion.encode()).hexdigest()
             it.key = (it_iter, it.sample_id, NO_SLOT if it.slot is None else it.slot, it.completion_index, sha)
 
     def _stale_result(self, it: _Item) -> wire.GradeResult:
         sid = SampleId.parse(it.sample_id)
-        src = self.curriculum.sources[sid.source]
-        self.metrics.grader_errors.labels("-", "stale").inc()
+        src = self.ctx.curriculum.sources[sid.source]
+        self.ctx.metrics.grader_errors.labels("-", "stale").inc()
         return wire.GradeResult(
             sample_id=it.sample_id,
             slot=it.slot,
             completion_index=it.completion_index,
-            reward=self.curriculum.graders[sid.source].on_error,
+            reward=self.ctx.curriculum.graders[sid.source].on_error,
             error=(
                 f"stale sample_id: it was served from version {sid.version} of source {sid.source!r}, which is now "
                 f"version {src.version} (its data or settings changed), so it was not graded"

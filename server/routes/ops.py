@@ -6,7 +6,8 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proctor.server.deps import DataserverDep
-from proctor.server.errors import UnavailableError, error_responses
+from proctor.server.errors import error_responses
+from proctor.server.exceptions import UnavailableError
 from proctor.server.protocol import Health
 
 health_router = APIRouter(tags=["ops"])
@@ -19,10 +20,10 @@ async def read_health(server: DataserverDep) -> Health:
     has refused a write (the server then refuses work until it is restarted)."""
     if server.failure is not None:
         raise UnavailableError(server.failure)
-    return Health(status="ok", curriculum=server.curriculum.name, last_iteration=server.last_iteration)
+    return Health(status="ok", curriculum=server.ctx.curriculum.name, last_iteration=server.last_iteration)
 
 
 @metrics_router.get("/metrics", response_class=Response)
 async def read_metrics(server: DataserverDep) -> Response:
     """Prometheus text exposition of this server's metrics."""
-    return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(server.ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -7,8 +7,7 @@ import inspect
 import pkgutil
 
 import proctor.server
-from proctor.server.errors import ConflictError, InvalidRequestError, UnavailableError
-from proctor.server.exceptions import ProctorError, RequestError
+from proctor.server.exceptions import ConflictError, InvalidRequestError, ProctorError, RequestError, UnavailableError
 
 
 def server_exceptions() -> dict[str, type[Exception]]:
