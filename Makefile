@@ -34,21 +34,22 @@ demo: $(VENV)/.dev-installed
 	$(BIN)/proctor demo --steps 64
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check server client curricula cli tests bench
-	$(BIN)/ruff format --check server client curricula cli tests bench
+	$(BIN)/ruff check server client curricula cli batching dock tests bench
+	$(BIN)/ruff format --check server client curricula cli batching dock tests bench
 
 format: $(VENV)/.dev-installed
-	$(BIN)/ruff format server client curricula cli tests bench
-	$(BIN)/ruff check --fix server client curricula cli tests bench
+	$(BIN)/ruff format server client curricula cli batching dock tests bench
+	$(BIN)/ruff check --fix server client curricula cli batching dock tests bench
 
-# The source folders become proctor.server / proctor.client / proctor.curricula / proctor.cli only when installed; mypy
+# The source folders become proctor.server / proctor.client / proctor.cli (…) only when installed; mypy
 # cannot follow that mapping, so it checks a tree of symlinks with the installed names.
 typecheck: $(VENV)/.dev-installed
 	@mkdir -p build/typecheck/proctor
-	@for d in server client curricula cli; do ln -sfn ../../../$$d build/typecheck/proctor/$$d; done
+	@for d in server client curricula cli batching dock; do ln -sfn ../../../$$d build/typecheck/proctor/$$d; done
 	@ln -sfn ../../bench build/typecheck/bench
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml \
-		-p proctor.server -p proctor.client -p proctor.curricula -p proctor.cli -p bench
+		-p proctor.server -p proctor.client -p proctor.curricula -p proctor.cli -p proctor.batching \
+		-p proctor.dock -p bench
 
 bench: $(VENV)/.dev-installed
 	$(BIN)/python -m bench

@@ -1,10 +1,10 @@
 """Rollout batching, framework-agnostic (numpy/torch only, no TRL import).
 
-- :mod:`~proctor.client.batching.lcm`: ``lcm`` of micro-batch sizes, and chunk slices.
-- :mod:`~proctor.client.batching.aggregator`: the LCM aggregator (aggregate micro-batches to the service
+- :mod:`~proctor.batching.lcm`: ``lcm`` of micro-batch sizes, and chunk slices.
+- :mod:`~proctor.batching.aggregator`: the LCM aggregator (aggregate micro-batches to the service
   batch, repeat, compute once, split back, repeat per batch) and its background producer.
-- :mod:`~proctor.client.batching.vocabulary`: the batch-size vocabulary (global, mini, micro, dispatch sizes)
+- :mod:`~proctor.batching.vocabulary`: the batch-size vocabulary (global, mini, micro, dispatch sizes)
   derived from a few numbers, with errors that say which number to change.
-- :mod:`~proctor.client.batching.dynamic`: token-budget dynamic batching (sort, balance across DP ranks,
+- :mod:`~proctor.batching.dynamic`: token-budget dynamic batching (sort, balance across DP ranks,
   cap every micro-batch's padded rectangle, equal micro-batch counts, a permutation to restore order).
 """

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias, TypeGuard
 import numpy as np
 import numpy.typing as npt
 
-from proctor.client.batching.lcm import lcm
+from proctor.batching.lcm import lcm
 
 if TYPE_CHECKING:
     import torch

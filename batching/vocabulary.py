@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from proctor.client.batching.lcm import lcm
+from proctor.batching.lcm import lcm
 
 __all__ = ["GROUP_ROLES", "ROLES", "BatchPlan", "derive_batch_plan"]
 

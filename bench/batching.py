@@ -6,7 +6,7 @@ allowed and is not a violation). Same lengths, same cap, same ``sequence_length_
 
 Algorithms (this project's planner and the public RL frameworks' schemes, each as its code does it):
 
-- **proctor**: ``proctor.client.batching.dynamic.plan_dynamic_batches``.
+- **proctor**: ``proctor.batching.dynamic.plan_dynamic_batches``.
 - **fixed-count (TRL today)**: rows in arrival order, split contiguously over ranks (equal counts), each rank cut
   into chunks of ``m`` rows, every chunk padded to the *global* max length (TRL pads the whole generation
   batch before chunking), with ``m = max(1, cap // roundup(global max, round))`` (the user sizes ``m`` for the
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from bench._results import save
-from proctor.client.batching.dynamic import plan_dynamic_batches
+from proctor.batching.dynamic import plan_dynamic_batches
 
 DISTRIBUTIONS = ("gsm8k", "lognormal", "uniform", "heavy")
 MAX_LEN = {"gsm8k": 448, "lognormal": 8192, "uniform": 6144, "heavy": 16384}

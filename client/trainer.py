@@ -13,7 +13,7 @@ old-policy and reference passes through ``_get_per_token_logps_and_entropies``; 
 All sizes count rows, i.e. (prompt, completion) pairs, like ``per_device_train_batch_size``. TRL already
 aggregates ``steps_per_generation`` micro-batches into one local generation batch of
 ``per_device_train_batch_size × steps_per_generation`` rows; that is the LCM aggregator's buffer
-(``proctor.client.batching.aggregator``), so the local generation batch must be a multiple of
+(``proctor.batching.aggregator``), so the local generation batch must be a multiple of
 ``service_target_bs = lcm(rollout, ref, old)`` for every stage to cut it into whole chunks. Left unset,
 ``steps_per_generation`` is derived to make it so.
 
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
-from proctor.client.batching.dynamic import plan_dynamic_batches
-from proctor.client.batching.lcm import chunk_slices, lcm
+from proctor.batching.dynamic import plan_dynamic_batches
+from proctor.batching.lcm import chunk_slices, lcm
 
 __all__ = ["BatchingLog", "ProctorGRPOConfig", "ProctorGRPOTrainer"]
 

@@ -22,7 +22,7 @@ from proctor.server.middleware import (
     RequestMetricsMiddleware,
 )
 from proctor.server.openapi import complete_openapi
-from proctor.server.routes import curriculum, grade, ops, sample
+from proctor.server.routes import curriculum, dock, grade, ops, sample
 from proctor.server.settings import Settings
 
 __all__ = ["create_app"]
@@ -80,6 +80,7 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
     app.include_router(curriculum.router, responses=keyed)
     app.include_router(sample.router, responses=keyed)
     app.include_router(grade.router, responses=keyed)
+    app.include_router(dock.router, responses=keyed)
     limits = {
         ("SampleRequest", "batch_size"): {"maximum": settings.max_batch_size},
         ("GradeRequest", "items"): {"maxItems": settings.max_grade_items},

@@ -17,6 +17,7 @@ from proctor.server.curriculum.engine import StageSchedule
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.curriculum.statistics import CurriculumStatistics
+from proctor.server.experience import ExperienceStore
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.pool import GraderPool
 from proctor.server.grading.service import GradingService
@@ -32,8 +33,11 @@ __all__ = ["Dataserver"]
 class Dataserver:
     """Create with :meth:`open`, release with :meth:`close`."""
 
-    def __init__(self, ctx: ServingContext, pool: GraderPool, http: httpx.AsyncClient) -> None:
+    def __init__(
+        self, ctx: ServingContext, pool: GraderPool, http: httpx.AsyncClient, experience: ExperienceStore
+    ) -> None:
         self.ctx = ctx
+        self.experience = experience
         self._pool = pool
         self._http = http
         self.sampling = SamplingService(ctx)
@@ -44,22 +48,27 @@ class Dataserver:
     async def open(cls, curriculum: Curriculum, settings: Settings, metrics: Metrics) -> Dataserver:
         """Open (or create) the state file, restore the curriculum's progress from it, start the graders."""
         storage = await AsyncStore.open(settings, curriculum)
+        experience: ExperienceStore | None = None
         try:
             progress = await _restore(curriculum, storage)
+            experience = await ExperienceStore.open(settings)
             pool = GraderPool(settings.grader_workers)
             await pool.start()
         except BaseException:
+            if experience is not None:
+                await experience.close()
             await storage.close()
             raise
         metrics.publish_stage(curriculum, progress.schedule.current)
         if progress.last_iteration is not None:
             metrics.last_iteration.set(progress.last_iteration)
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False)
-        return cls(ServingContext(curriculum, settings, metrics, storage, progress), pool, http)
+        return cls(ServingContext(curriculum, settings, metrics, storage, progress), pool, http, experience)
 
     async def close(self) -> None:
         await self._pool.close()
         await self._http.aclose()
+        await self.experience.close()
         await self.ctx.storage.close()
 
     @property

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from proctor.server.exceptions import RequestError
 
@@ -27,6 +27,7 @@ class ErrorBody(BaseModel):
     """Every 4xx and 5xx answer: what went wrong, naming the field or header, and what to do."""
 
     detail: str
+    code: str | None = Field(default=None, description="The error's class, on /dock answers.")
 
 
 class ValidationIssue(BaseModel):
@@ -45,6 +46,7 @@ class ValidationErrorBody(ErrorBody):
 _ERROR_RESPONSES: dict[int, tuple[type[BaseModel], str]] = {
     400: (ErrorBody, "The body is not JSON, or Content-Length is not a number."),
     401: (ErrorBody, "The server has an API key and the request's bearer token is missing or wrong."),
+    404: (ErrorBody, "The experience store has no such table or consumer (the detail says why)."),
     409: (ErrorBody, "The request contradicts what the server recorded (the detail says what to send)."),
     413: (ErrorBody, "The body is larger than PROCTOR_MAX_BODY_BYTES."),
     415: (ErrorBody, "The body is not declared as JSON (Content-Type: application/json)."),
@@ -88,7 +90,8 @@ def _message(error: Mapping[str, Any]) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        body = {"detail": exc.detail} if exc.code is None else {"detail": exc.detail, "code": exc.code}
+        return JSONResponse(body, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -17,12 +17,18 @@ class ProctorError(Exception):
 
 
 class RequestError(ProctorError):
-    """An error with an HTTP status and a message for the client."""
+    """An error with an HTTP status and a message for the client; ``code``, when set, names the error's class
+    for a client that raises it again (the experience store's errors)."""
 
     status_code = 400
+    code: str | None = None
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, *, status_code: int | None = None, code: str | None = None) -> None:
         self.detail = detail
+        if status_code is not None:
+            self.status_code = status_code
+        if code is not None:
+            self.code = code
         super().__init__(detail)
 
 

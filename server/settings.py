@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, description="Largest request body (413).")
     grader_workers: int = Field(default_factory=default_workers, ge=1, description="Grader processes.")
     grader_timeout_s: float = Field(default=10.0, gt=0, description="Time limit to grade one completion.")
+    dock_keep_iterations: int = Field(
+        default=8, ge=1, le=1_000_000, description="Generation steps the experience store (/dock) keeps."
+    )
     sample_cache: int = Field(default=256, ge=0, description="Recent iterations kept in memory for repeats.")
     sample_cache_bytes: int = Field(
         default=64 * 1024 * 1024, ge=0, description="Most bytes of encoded samples those iterations may hold."

@@ -39,3 +39,10 @@ def test_the_server_never_imports_the_client() -> None:
     # A lazy import inside a function would escape the check above.
     mentions = [str(f.relative_to(ROOT)) for f in (ROOT / "server").rglob("*.py") if "proctor.client" in f.read_text()]
     assert not mentions, f"server/ must not import proctor.client: {mentions}"
+
+
+def test_the_experience_store_imports_neither_side_nor_a_web_framework() -> None:
+    # The server and the client both import proctor.dock (and proctor.batching): it must need neither of them.
+    modules = imported_after("import proctor.dock, proctor.dock.wire, proctor.batching.dynamic")
+    assert not {m for m in modules if m.startswith(("proctor.server", "proctor.client"))}
+    assert not {"fastapi", "starlette", "torch"} & modules

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proctor.client.batching.aggregator import (
+from proctor.batching.aggregator import (
     AggregationConfig,
     Aggregator,
     Array,

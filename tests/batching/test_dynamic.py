@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench import batching as bench
-from proctor.client.batching import dynamic
-from proctor.client.batching.dynamic import DynamicBatchPlan, MicroBatch, plan_dynamic_batches
+from proctor.batching import dynamic
+from proctor.batching.dynamic import DynamicBatchPlan, MicroBatch, plan_dynamic_batches
 
 # ROLL's worked example of dynamic batching: these lengths, cap 10, sequence_length_round 2, dp 2.
 ROLL_EXAMPLE = [7, 6, 8, 5, 1, 3, 8, 6]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proctor.client.batching.lcm import chunk_slices, lcm
+from proctor.batching.lcm import chunk_slices, lcm
 
 
 @pytest.mark.parametrize(

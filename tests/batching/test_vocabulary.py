@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from proctor.client.batching.vocabulary import ROLES, BatchPlan, derive_batch_plan
+from proctor.batching.vocabulary import ROLES, BatchPlan, derive_batch_plan
 
 BASE: dict[str, Any] = {
     "global_batch_size": 8,

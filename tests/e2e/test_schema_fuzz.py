@@ -46,8 +46,10 @@ def test_generated_requests_get_only_documented_answers(
         ",".join(checks),
         "--max-examples",
         "60",
+        # One worker: with two, CPython 3.11's ast.parse (which Hypothesis calls to describe its filters)
+        # sometimes fails with "AST constructor recursion depth mismatch" when two threads parse at once.
         "--workers",
-        "2",
+        "1",
         "--seed",
         "1",
         "--request-timeout",
@@ -56,5 +58,11 @@ def test_generated_requests_get_only_documented_answers(
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "No issues found" in result.stdout, result.stdout[-3000:]
-    assert "6 selected / 6 total" in result.stdout  # every route was exercised, /openapi.json itself aside
+    out = result.stdout
+    # One warning is expected: a generated lease is unknown to the experience store (a 409), so collecting
+    # rejects most generated requests. Any other warning, and any failure, is not.
+    expected = "1 operation mostly rejected generated data"
+    assert "No issues found" in out or (
+        "1 warning in" in out and expected in out and "- POST /dock/leases/{lease}/collect" in out
+    ), out[-3000:]
+    assert "16 selected / 16 total" in result.stdout  # every route was exercised, /openapi.json itself aside

@@ -1,0 +1,193 @@
+"""``DockClient``: the dataserver's experience store (``/dock``), with the methods, answers and exceptions of
+the in-process :class:`proctor.dock.TransferDock`, so a worker runs unchanged against either."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from pydantic import BaseModel, ValidationError
+
+from proctor.client.errors import DataserverError, ServerError
+from proctor.client.http import ProctorClient
+from proctor.dock import wire as dw
+from proctor.dock.dock import Consumer, Consumption, Dispatch, RowKey, TableInfo
+from proctor.dock.errors import DockError, DockInputError, error_class
+from proctor.dock.values import Value
+
+__all__ = ["DockClient"]
+
+M = TypeVar("M", bound=BaseModel)
+
+# Rows per write request: a 512-token array column is about 2.7 KB a row on the wire, so 256 rows stay well
+# under the server's default 2 MiB body limit.
+ROWS_PER_REQUEST = 256
+
+
+class DockClient:
+    """The experience store of the dataserver at ``base_url`` (or of an existing ``ProctorClient``).
+
+    Failed calls raise the store's own exceptions (:mod:`proctor.dock.errors`); transport failures and
+    server failures raise the client's (:mod:`proctor.client.errors`) after its retries.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        client: ProctorClient | None = None,
+        rows_per_request: int = ROWS_PER_REQUEST,
+    ) -> None:
+        if (base_url is None) == (client is None):
+            raise ValueError("give base_url or client, not both")
+        if rows_per_request < 1:
+            raise ValueError(f"rows_per_request must be at least 1, got {rows_per_request}")
+        self._owned = client is None
+        self.client = client if client is not None else ProctorClient(str(base_url))
+        self.rows_per_request = rows_per_request
+
+    def close(self) -> None:
+        if self._owned:
+            self.client.close()
+
+    def __enter__(self) -> DockClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- tables ---------------------------------------------------------------------------------------------
+
+    def open(self, iteration: int, *, slots: int, group_size: int) -> TableInfo:
+        body = _request(dw.OpenRequest, slots=slots, group_size=group_size)
+        return self._call("PUT", f"/dock/tables/{iteration}", dw.TableBody, body).info()
+
+    def tables(self) -> list[TableInfo]:
+        return [t.info() for t in self._call("GET", "/dock", dw.DockOverview).tables]
+
+    def table(self, iteration: int) -> TableInfo:
+        return self._call("GET", f"/dock/tables/{iteration}", dw.TableBody).info()
+
+    # --- consumers ------------------------------------------------------------------------------------------
+
+    def register(
+        self, name: str, *, needs: Sequence[str], produces: Sequence[str] = (), dispatch_size: int | None = None
+    ) -> Consumer:
+        body = _request(dw.RegisterRequest, needs=list(needs), produces=list(produces), dispatch_size=dispatch_size)
+        return self._call("PUT", f"/dock/consumers/{_segment(name)}", dw.ConsumerBody, body).consumer()
+
+    def consumers(self) -> list[Consumer]:
+        return [c.consumer() for c in self._call("GET", "/dock", dw.DockOverview).consumers]
+
+    # --- writes and reads by index ---------------------------------------------------------------------------
+
+    def put(self, iteration: int, rows: Sequence[RowKey], columns: Mapping[str, Sequence[Value]]) -> None:
+        """Write cells, ``rows_per_request`` rows per request (each cell is written once, so a part retried
+        or repeated is harmless)."""
+        for name, values in columns.items():
+            if len(values) != len(rows):
+                raise DockInputError(f"columns.{name}", f"{len(values)} values for {len(rows)} rows; send one per row")
+        for start in range(0, max(len(rows), 1), self.rows_per_request):
+            part = slice(start, start + self.rows_per_request)
+            body = _request(
+                dw.PutRequest,
+                rows=list(rows[part]),
+                columns=dw.columns_to_wire({n: v[part] for n, v in columns.items()}),
+            )
+            self._send("POST", f"/dock/tables/{iteration}/rows", body)
+
+    def read(self, iteration: int, rows: Sequence[RowKey], columns: Sequence[str]) -> dict[str, list[Value]]:
+        body = _request(dw.ReadRequest, rows=list(rows), columns=list(columns))
+        return dw.columns_from_wire(self._call("POST", f"/dock/tables/{iteration}/read", dw.ReadBody, body).columns)
+
+    # --- consuming ------------------------------------------------------------------------------------------
+
+    def dispatch(
+        self,
+        consumer: str,
+        count: int | None = None,
+        *,
+        iteration: int | None = None,
+        groups: bool = False,
+        dp_size: int = 1,
+        balance_by: str | None = None,
+        max_tokens_per_microbatch: int | None = None,
+        lease_s: float = 60.0,
+    ) -> Dispatch:
+        body = _request(
+            dw.DispatchRequest,
+            count=count,
+            iteration=iteration,
+            groups=groups,
+            dp_size=dp_size,
+            balance_by=balance_by,
+            max_tokens_per_microbatch=max_tokens_per_microbatch,
+            lease_s=lease_s,
+        )
+        return self._call("POST", f"/dock/consumers/{_segment(consumer)}/dispatch", dw.DispatchBody, body).dispatch()
+
+    def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> None:
+        body = _request(dw.CollectRequest, columns=dw.columns_to_wire(columns))
+        self._send("POST", f"/dock/leases/{_segment(lease)}/collect", body)
+
+    def renew(self, lease: str, lease_s: float = 60.0) -> float:
+        body = _request(dw.RenewRequest, lease_s=lease_s)
+        return self._call("POST", f"/dock/leases/{_segment(lease)}/renew", dw.RenewBody, body).expires_at
+
+    def consumption(self, consumer: str, iteration: int) -> Consumption:
+        path = f"/dock/consumers/{_segment(consumer)}/tables/{iteration}"
+        return self._call("GET", path, dw.ConsumptionBody).consumption()
+
+    def all_consumed(self, consumer: str, iteration: int) -> bool:
+        return self.consumption(consumer, iteration).all_consumed
+
+    # --- plumbing -------------------------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, model: type[M], body: BaseModel | None = None) -> M:
+        with _dock_errors():
+            return self.client._call(method, path, model, body)
+
+    def _send(self, method: str, path: str, body: BaseModel) -> None:
+        with _dock_errors():
+            self.client._send(method, path, body.model_dump(mode="json", exclude_none=True))
+
+
+def _request(model: type[M], **fields: Any) -> M:
+    """The request body, checked here as the server would check it, so that a bad value is the same
+    :class:`DockInputError` on both faces."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        field = ""
+        for part in error["loc"]:
+            field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
+        raise DockInputError(field or "body", f"{error['msg']}; got {error.get('input')!r}") from None
+
+
+def _segment(text: str) -> str:
+    return quote(text, safe="")
+
+
+@contextmanager
+def _dock_errors() -> Iterator[None]:
+    """The store's exception for an answer that names one (``code``), and for a request the schema refused."""
+    try:
+        yield
+    except ServerError as exc:
+        raise _as_dock_error(exc) from exc
+
+
+def _as_dock_error(exc: ServerError) -> DockError | DataserverError:
+    try:
+        body: Any = exc.response.json()
+    except ValueError:
+        body = None
+    code = body.get("code") if isinstance(body, dict) else None
+    if code == "invalid" or (code is None and exc.status_code == 422):
+        field, _, message = exc.detail.partition(": ")
+        return DockInputError(field, message) if message else DockInputError("body", exc.detail)
+    cls = error_class(code) if isinstance(code, str) else None
+    return cls(exc.detail) if cls is not None else exc

@@ -1,0 +1,102 @@
+"""Column values and their encodings.
+
+A cell holds a JSON-able value (a reward, a text, a dict of components) or a numpy array (token ids,
+log-probs). Arrays are never JSON lists of numbers: in SQLite they are their raw little-endian bytes behind a
+short header, and on the wire base64 of those bytes with the dtype and shape beside them, so a 512-token
+``float32`` column is 2 KiB of bytes, parsed by ``numpy.frombuffer`` rather than by a JSON number parser.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import struct
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from proctor.dock.errors import DockInputError
+
+__all__ = ["DTYPES", "MAX_NDIM", "Value", "decode_cell", "encode_cell", "from_wire_array", "to_wire_array"]
+
+Value: TypeAlias = Any  # a JSON-able value, or a numpy array of one of DTYPES
+"""What a cell holds."""
+
+# The dtypes a cell may hold, by their wire names; each has one code in the stored header.
+DTYPES: tuple[str, ...] = (
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+)
+MAX_NDIM = 4
+_CODE = {name: n for n, name in enumerate(DTYPES)}
+_JSON, _ARRAY = 0, 1  # the first byte of a stored cell
+
+
+def _check_array(field: str, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    name = array.dtype.name
+    if name not in _CODE:
+        raise DockInputError(field, f"arrays of dtype {name} are not stored; use one of {', '.join(DTYPES)}")
+    if array.ndim > MAX_NDIM:
+        raise DockInputError(field, f"an array of {array.ndim} dimensions; at most {MAX_NDIM} are stored")
+    return array
+
+
+def encode_cell(field: str, value: Value) -> bytes:
+    """The stored bytes of one cell: a kind byte, then JSON text or an array header and its raw bytes."""
+    if isinstance(value, np.generic):  # a numpy scalar (a float32 reward, say) is stored as its Python value
+        value = value.item()
+    if isinstance(value, np.ndarray):
+        array = _check_array(field, value)
+        header = struct.pack(f"<BBB{array.ndim}I", _ARRAY, _CODE[array.dtype.name], array.ndim, *array.shape)
+        return header + np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return bytes([_JSON]) + text.encode()
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is a ValueError
+        raise DockInputError(field, f"not JSON-able and not a numpy array ({exc})") from None
+
+
+def decode_cell(data: bytes) -> Value:
+    """The value of stored cell bytes (see :func:`encode_cell`)."""
+    if data[0] == _JSON:
+        return json.loads(data[1:])
+    code, ndim = data[1], data[2]
+    shape = struct.unpack_from(f"<{ndim}I", data, 3)
+    dtype = np.dtype(DTYPES[code]).newbyteorder("<")
+    return np.frombuffer(data, dtype=dtype, offset=3 + 4 * ndim).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def to_wire_array(array: npt.NDArray[Any]) -> dict[str, Any]:
+    """An array as the wire carries it: ``{"dtype", "shape", "data"}``, data the base64 of its bytes."""
+    array = _check_array("array", array)
+    raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    return {"dtype": array.dtype.name, "shape": list(array.shape), "data": base64.b64encode(raw).decode()}
+
+
+def from_wire_array(field: str, dtype: str, shape: Sequence[int], data: str) -> npt.NDArray[Any]:
+    """The array a wire array stands for, checked: a known dtype, and as many bytes as its shape needs."""
+    if dtype not in _CODE:
+        raise DockInputError(f"{field}.dtype", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    if len(shape) > MAX_NDIM or any(n < 0 for n in shape):
+        raise DockInputError(f"{field}.shape", f"{list(shape)} is not a shape of at most {MAX_NDIM} sizes ≥ 0")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise DockInputError(f"{field}.data", "not base64 (the array's little-endian bytes, base64-encoded)") from None
+    dt = np.dtype(dtype).newbyteorder("<")
+    need = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+    if len(raw) != need:
+        raise DockInputError(
+            f"{field}.data", f"{len(raw)} bytes, but shape {list(shape)} of {dtype} needs {need}; send the raw array"
+        )
+    return np.frombuffer(raw, dtype=dt).reshape(tuple(shape)).astype(dt.newbyteorder("="))

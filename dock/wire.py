@@ -1,0 +1,246 @@
+"""The experience store's HTTP schema, shared by the dataserver's ``/dock`` routes and the dock client.
+
+Columns travel as ``{"values": [...]}`` (JSON values, one per row) or ``{"arrays": [...]}`` (numpy arrays,
+one per row, each its dtype, shape and base64 bytes). Every number is bounded here; the store checks the rest
+(shapes, names, leases) and answers with its own error classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from proctor.dock.dock import Consumer, Consumption, Dispatch, TableInfo
+from proctor.dock.errors import DockInputError
+from proctor.dock.values import MAX_NDIM, Value, decode_cell, encode_cell, from_wire_array, to_wire_array
+
+__all__ = [
+    "CollectRequest",
+    "ConsumerBody",
+    "ConsumptionBody",
+    "DispatchBody",
+    "DispatchRequest",
+    "DockOverview",
+    "OpenRequest",
+    "PutRequest",
+    "ReadBody",
+    "ReadRequest",
+    "RegisterRequest",
+    "RenewBody",
+    "RenewRequest",
+    "TableBody",
+    "WireArray",
+    "WireColumn",
+    "column_from_wire",
+    "column_to_wire",
+    "columns_from_wire",
+    "columns_to_wire",
+]
+
+MAX_ROWS = 65_536
+_Index = Annotated[int, Field(ge=0, le=2**31)]
+_Name = Annotated[str, Field(min_length=1, max_length=64)]
+_Row = tuple[_Index, _Index]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WireArray(_Wire):
+    dtype: Annotated[str, Field(max_length=16)]
+    shape: Annotated[list[Annotated[int, Field(ge=0, le=2**31)]], Field(max_length=MAX_NDIM)]
+    data: str = Field(description="The array's little-endian bytes, base64-encoded.")
+
+
+class WireColumn(_Wire):
+    """One value per row: ``values`` (JSON) or ``arrays`` (numpy arrays), exactly one of them."""
+
+    values: Annotated[list[Any], Field(max_length=MAX_ROWS)] | None = None
+    arrays: Annotated[list[WireArray], Field(max_length=MAX_ROWS)] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> WireColumn:
+        if (self.values is None) == (self.arrays is None):
+            raise ValueError("send exactly one of values (JSON, one per row) and arrays (one per row)")
+        return self
+
+    def __len__(self) -> int:
+        return len(self.values if self.values is not None else self.arrays or [])
+
+
+def column_to_wire(name: str, values: Sequence[Value]) -> WireColumn:
+    """A column's values as the wire carries them (arrays when every value is a numpy array).
+
+    Each JSON value is checked as the store checks it: otherwise the wire's JSON encoder would turn a set
+    into a list and NaN into null, and the server would store what the caller never wrote.
+    """
+    if values and all(isinstance(v, np.ndarray) for v in values):
+        return WireColumn(arrays=[WireArray(**to_wire_array(v)) for v in values])
+    if any(isinstance(v, np.ndarray) for v in values):
+        raise DockInputError(f"columns.{name}", "mixes numpy arrays and other values; send one kind per column")
+    return WireColumn(values=[decode_cell(encode_cell(f"columns.{name}[{n}]", v)) for n, v in enumerate(values)])
+
+
+def column_from_wire(field: str, column: WireColumn) -> list[Value]:
+    if column.values is not None:
+        return column.values
+    assert column.arrays is not None
+    return [from_wire_array(f"{field}.arrays[{n}]", a.dtype, a.shape, a.data) for n, a in enumerate(column.arrays)]
+
+
+def columns_to_wire(columns: Mapping[str, Sequence[Value]]) -> dict[str, WireColumn]:
+    return {name: column_to_wire(name, values) for name, values in columns.items()}
+
+
+def columns_from_wire(columns: Mapping[str, WireColumn]) -> dict[str, list[Value]]:
+    return {name: column_from_wire(f"columns.{name}", column) for name, column in columns.items()}
+
+
+class OpenRequest(_Wire):
+    slots: int = Field(ge=1, le=2**31, description="Prompts in the step's batch.")
+    group_size: int = Field(ge=1, le=2**31, description="Completions per prompt.")
+
+
+class TableBody(_Wire):
+    iteration: int
+    slots: int
+    group_size: int
+    rows: int
+    written: dict[str, int] = Field(description="Cells written so far, per column.")
+
+    @classmethod
+    def of(cls, info: TableInfo) -> TableBody:
+        return cls(
+            iteration=info.iteration,
+            slots=info.slots,
+            group_size=info.group_size,
+            rows=info.rows,
+            written=dict(info.written),
+        )
+
+    def info(self) -> TableInfo:
+        return TableInfo(self.iteration, self.slots, self.group_size, self.written)
+
+
+class RegisterRequest(_Wire):
+    needs: Annotated[list[_Name], Field(min_length=1, max_length=64)]
+    produces: Annotated[list[_Name], Field(max_length=64)] = []
+    dispatch_size: int | None = Field(default=None, ge=1, le=MAX_ROWS)
+
+
+class ConsumerBody(_Wire):
+    name: str
+    needs: list[str]
+    produces: list[str]
+    dispatch_size: int | None
+
+    @classmethod
+    def of(cls, c: Consumer) -> ConsumerBody:
+        return cls(name=c.name, needs=list(c.needs), produces=list(c.produces), dispatch_size=c.dispatch_size)
+
+    def consumer(self) -> Consumer:
+        return Consumer(self.name, tuple(self.needs), tuple(self.produces), self.dispatch_size)
+
+
+class PutRequest(_Wire):
+    rows: Annotated[list[_Row], Field(max_length=MAX_ROWS)] = Field(description="(slot, index) of each row.")
+    columns: Annotated[dict[_Name, WireColumn], Field(max_length=64)]
+
+
+class ReadRequest(_Wire):
+    rows: Annotated[list[_Row], Field(max_length=MAX_ROWS)]
+    columns: Annotated[list[_Name], Field(min_length=1, max_length=64)]
+
+
+class ReadBody(_Wire):
+    columns: dict[str, WireColumn]
+
+
+class DispatchRequest(_Wire):
+    count: int | None = Field(default=None, ge=1, le=MAX_ROWS, description="Rows; the consumer's dispatch_size.")
+    iteration: int | None = Field(default=None, ge=0, le=2**62, description="The table; the oldest ready one.")
+    groups: bool = Field(default=False, description="Whole groups only (every completion of a prompt).")
+    dp_size: int = Field(default=1, ge=1, le=4096, description="Readers to split the rows among.")
+    balance_by: _Name | None = Field(default=None, description="A needed column whose lengths balance the readers.")
+    max_tokens_per_microbatch: int | None = Field(default=None, ge=1, le=2**40)
+    lease_s: float = Field(default=60.0, gt=0, le=86_400, description="Seconds the rows are held.")
+
+
+class DispatchBody(_Wire):
+    consumer: str
+    iteration: int | None
+    lease: str | None
+    expires_at: float | None
+    rows: list[tuple[int, int]]
+    columns: dict[str, WireColumn]
+    parts: list[list[int]]
+
+    @classmethod
+    def of(cls, d: Dispatch) -> DispatchBody:
+        return cls(
+            consumer=d.consumer,
+            iteration=d.iteration,
+            lease=d.lease,
+            expires_at=d.expires_at,
+            rows=[(s, k) for s, k in d.rows],
+            columns=columns_to_wire(d.columns),
+            parts=[list(p) for p in d.parts],
+        )
+
+    def dispatch(self) -> Dispatch:
+        return Dispatch(
+            self.consumer,
+            self.iteration,
+            self.lease,
+            self.expires_at,
+            tuple((s, k) for s, k in self.rows),
+            columns_from_wire(self.columns),
+            tuple(tuple(p) for p in self.parts),
+        )
+
+
+class CollectRequest(_Wire):
+    columns: Annotated[dict[_Name, WireColumn], Field(max_length=64)] = {}
+
+
+class RenewRequest(_Wire):
+    lease_s: float = Field(default=60.0, gt=0, le=86_400)
+
+
+class RenewBody(_Wire):
+    expires_at: float
+
+
+class ConsumptionBody(_Wire):
+    consumer: str
+    iteration: int
+    rows: int
+    consumed: int
+    held: int
+    ready: int
+    all_consumed: bool
+
+    @classmethod
+    def of(cls, c: Consumption) -> ConsumptionBody:
+        return cls(
+            consumer=c.consumer,
+            iteration=c.iteration,
+            rows=c.rows,
+            consumed=c.consumed,
+            held=c.held,
+            ready=c.ready,
+            all_consumed=c.all_consumed,
+        )
+
+    def consumption(self) -> Consumption:
+        return Consumption(self.consumer, self.iteration, self.rows, self.consumed, self.held, self.ready)
+
+
+class DockOverview(_Wire):
+    keep_iterations: int
+    tables: list[TableBody]
+    consumers: list[ConsumerBody]

@@ -1,0 +1,200 @@
+"""``/dock``: the experience store over HTTP (tables per iteration, consumers, dispatch and collect).
+
+Each route is one call of :class:`~proctor.dock.TransferDock`, with the same meaning and the same errors
+(their class in the answer's ``code``), which the dock client raises again.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Response
+
+from proctor.dock import TransferDock
+from proctor.dock import wire as dw
+from proctor.server.deps import DataserverDep, json_body
+from proctor.server.errors import error_responses
+from proctor.server.openapi import request_body
+
+router = APIRouter(prefix="/dock", tags=["experience store"], responses=error_responses(400, 413, 415, 422, 503))
+
+IterationPath = Annotated[int, Path(ge=0, le=2**62, description="The generation step.")]
+NamePath = Annotated[str, Path(min_length=1, max_length=64, description="The consumer's name.")]
+LeasePath = Annotated[str, Path(min_length=1, max_length=64, description="The lease a dispatch returned.")]
+
+
+def _json(model: dw._Wire) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+@router.get("", response_model=dw.DockOverview)
+async def overview(server: DataserverDep) -> Response:
+    """The tables kept (with the cells written per column) and the consumers."""
+    dock = server.experience.dock
+    tables = await server.experience.call(TransferDock.tables, dock)
+    consumers = await server.experience.call(TransferDock.consumers, dock)
+    return _json(
+        dw.DockOverview(
+            keep_iterations=dock.keep_iterations,
+            tables=[dw.TableBody.of(t) for t in tables],
+            consumers=[dw.ConsumerBody.of(c) for c in consumers],
+        )
+    )
+
+
+@router.put(
+    "/tables/{iteration}",
+    response_model=dw.TableBody,
+    openapi_extra=request_body(dw.OpenRequest),
+    responses=error_responses(404, 409),
+)
+async def open_table(
+    iteration: IterationPath,
+    body: Annotated[dw.OpenRequest, Depends(json_body(dw.OpenRequest))],
+    server: DataserverDep,
+) -> Response:
+    """Create the step's table of ``slots × group_size`` rows, or check its shape (idempotent)."""
+    x = server.experience
+    info = await x.call(x.dock.open, iteration, slots=body.slots, group_size=body.group_size)
+    return _json(dw.TableBody.of(info))
+
+
+@router.get("/tables/{iteration}", response_model=dw.TableBody, responses=error_responses(404))
+async def get_table(iteration: IterationPath, server: DataserverDep) -> Response:
+    x = server.experience
+    return _json(dw.TableBody.of(await x.call(x.dock.table, iteration)))
+
+
+@router.post(
+    "/tables/{iteration}/rows",
+    status_code=204,
+    openapi_extra=request_body(dw.PutRequest),
+    responses=error_responses(404, 409),
+)
+async def put_rows(
+    iteration: IterationPath,
+    body: Annotated[dw.PutRequest, Depends(json_body(dw.PutRequest))],
+    server: DataserverDep,
+) -> Response:
+    """Write cells (each column once per row; the same value again is a no-op)."""
+    x = server.experience
+    await x.call(_put, x.dock, iteration, body)
+    return Response(status_code=204)
+
+
+def _put(dock: TransferDock, iteration: int, body: dw.PutRequest) -> None:
+    # Decoding the arrays is work that grows with the body: it runs on the store's thread too.
+    dock.put(iteration, body.rows, dw.columns_from_wire(body.columns))
+
+
+@router.post(
+    "/tables/{iteration}/read",
+    response_model=dw.ReadBody,
+    openapi_extra=request_body(dw.ReadRequest),
+    responses=error_responses(404, 409),
+)
+async def read_rows(
+    iteration: IterationPath,
+    body: Annotated[dw.ReadRequest, Depends(json_body(dw.ReadRequest))],
+    server: DataserverDep,
+) -> Response:
+    """The values of written cells, by index (never waits; unwritten cells are a 409)."""
+    x = server.experience
+    return await x.call(_read, x.dock, iteration, body)
+
+
+def _read(dock: TransferDock, iteration: int, body: dw.ReadRequest) -> Response:
+    return _json(dw.ReadBody(columns=dw.columns_to_wire(dock.read(iteration, body.rows, body.columns))))
+
+
+@router.put(
+    "/consumers/{name}",
+    response_model=dw.ConsumerBody,
+    openapi_extra=request_body(dw.RegisterRequest),
+    responses=error_responses(409),
+)
+async def register(
+    name: NamePath,
+    body: Annotated[dw.RegisterRequest, Depends(json_body(dw.RegisterRequest))],
+    server: DataserverDep,
+) -> Response:
+    """Declare a consumer and its columns (idempotent; other columns under the same name are a 409)."""
+    x = server.experience
+    consumer = await x.call(
+        x.dock.register, name, needs=body.needs, produces=body.produces, dispatch_size=body.dispatch_size
+    )
+    return _json(dw.ConsumerBody.of(consumer))
+
+
+@router.post(
+    "/consumers/{name}/dispatch",
+    response_model=dw.DispatchBody,
+    openapi_extra=request_body(dw.DispatchRequest),
+    responses=error_responses(404),
+)
+async def dispatch(
+    name: NamePath,
+    body: Annotated[dw.DispatchRequest, Depends(json_body(dw.DispatchRequest))],
+    server: DataserverDep,
+) -> Response:
+    """Claim rows ready for the consumer under a lease (empty, with ``lease: null``, when none is ready)."""
+    x = server.experience
+    return await x.call(_dispatch, x.dock, name, body)
+
+
+def _dispatch(dock: TransferDock, name: str, body: dw.DispatchRequest) -> Response:
+    batch = dock.dispatch(
+        name,
+        body.count,
+        iteration=body.iteration,
+        groups=body.groups,
+        dp_size=body.dp_size,
+        balance_by=body.balance_by,
+        max_tokens_per_microbatch=body.max_tokens_per_microbatch,
+        lease_s=body.lease_s,
+    )
+    return _json(dw.DispatchBody.of(batch))
+
+
+@router.get("/consumers/{name}/tables/{iteration}", response_model=dw.ConsumptionBody, responses=error_responses(404))
+async def consumption(name: NamePath, iteration: IterationPath, server: DataserverDep) -> Response:
+    """Where the consumer stands in the table: rows consumed, held and ready, and ``all_consumed``."""
+    x = server.experience
+    return _json(dw.ConsumptionBody.of(await x.call(x.dock.consumption, name, iteration)))
+
+
+@router.post(
+    "/leases/{lease}/collect",
+    status_code=204,
+    openapi_extra=request_body(dw.CollectRequest),
+    responses=error_responses(404, 409),
+)
+async def collect(
+    lease: LeasePath,
+    body: Annotated[dw.CollectRequest, Depends(json_body(dw.CollectRequest))],
+    server: DataserverDep,
+) -> Response:
+    """Write the consumer's results for the leased rows and mark them consumed; an expired lease is a 409."""
+    x = server.experience
+    await x.call(_collect, x.dock, lease, body)
+    return Response(status_code=204)
+
+
+def _collect(dock: TransferDock, lease: str, body: dw.CollectRequest) -> None:
+    dock.collect(lease, dw.columns_from_wire(body.columns))
+
+
+@router.post(
+    "/leases/{lease}/renew",
+    response_model=dw.RenewBody,
+    openapi_extra=request_body(dw.RenewRequest),
+    responses=error_responses(409),
+)
+async def renew(
+    lease: LeasePath,
+    body: Annotated[dw.RenewRequest, Depends(json_body(dw.RenewRequest))],
+    server: DataserverDep,
+) -> Response:
+    """Hold the lease's rows ``lease_s`` seconds more, from now."""
+    x = server.experience
+    return _json(dw.RenewBody(expires_at=await x.call(x.dock.renew, lease, body.lease_s)))
