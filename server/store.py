@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -173,8 +174,12 @@ class Store:
         if self._schema_version() == "1":
             self._db.executescript("BEGIN IMMEDIATE;" + _MIGRATE_1_TO_2 + "COMMIT;")
         self._db.executescript(_SCHEMA)
-        # A connection of its own for checkpoints, used from the checkpoint thread.
+        # A connection of its own for checkpoints, used from the checkpoint thread. The lock keeps `close`
+        # from closing it under a checkpoint still running there: cancelling the task that awaits a thread does
+        # not stop the thread, and SQLite crashes the process on a connection closed mid-statement.
         self._checkpointer: sqlite3.Connection | None = None
+        self._checkpoint_lock = threading.Lock()
+        self._closed = False
 
     def _schema_version(self) -> str | None:
         if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
@@ -183,8 +188,10 @@ class Store:
         return None if row is None else str(row[0])
 
     def close(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.close()
+        with self._checkpoint_lock:
+            self._closed = True
+            if self._checkpointer is not None:
+                self._checkpointer.close()
         if self.path != ":memory:":
             # Fold the WAL into the database file, so that a stopped server leaves one file behind.
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -199,12 +206,15 @@ class Store:
         """
         if self.path == ":memory:":
             return
-        if self._checkpointer is None:
-            self._checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self._checkpointer.execute("PRAGMA busy_timeout=5000")
-        _busy, frames, _done = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        if frames > restart_after_frames:
-            self._checkpointer.execute("PRAGMA wal_checkpoint(RESTART)")
+        with self._checkpoint_lock:
+            if self._closed:
+                return
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                self._checkpointer.execute("PRAGMA busy_timeout=5000")
+            _busy, frames, _done = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if frames > restart_after_frames:
+                self._checkpointer.execute("PRAGMA wal_checkpoint(RESTART)")
 
     # --- binding ------------------------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,3 +179,29 @@ def test_the_served_index_keeps_the_latest_iteration(tmp_path: Path) -> None:
     store.record_iteration(IterationRow(3, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])  # an earlier gap filled
     assert store.latest_served(["a:0123456789:0"]) == {"a:0123456789:0": 7}
     store.close()
+
+
+def test_closing_while_a_checkpoint_runs_waits_for_it(tmp_path: Path) -> None:
+    # Run in a child process: closing the checkpoint connection under a running checkpoint crashes the
+    # interpreter (SIGSEGV) rather than raising.
+    code = f"""
+import threading
+from proctor.server.store import Store
+for n in range(200):
+    store = Store({str(tmp_path)!r} + f"/state-{{n}}.db")
+    store.bind(curriculum="c", curriculum_hash="h", seed=1)
+    started = threading.Event()
+    def hammer() -> None:
+        started.set()
+        for _ in range(50):
+            store.checkpoint(restart_after_frames=0)
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    started.wait()
+    store.close()
+    thread.join()
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "ok"
