@@ -15,7 +15,7 @@ from proctor.client.http import ProctorClient
 from proctor.dock import wire as dw
 from proctor.dock.dock import Consumer, Consumption, Dispatch, RowKey, TableInfo
 from proctor.dock.errors import DockError, DockInputError, error_class
-from proctor.dock.values import Value
+from proctor.dock.values import Value, as_stored
 
 __all__ = ["DockClient"]
 
@@ -89,12 +89,14 @@ class DockClient:
         for name, values in columns.items():
             if len(values) != len(rows):
                 raise DockInputError(f"columns.{name}", f"{len(values)} values for {len(rows)} rows; send one per row")
+        # Every value is checked before the first part goes: a bad one must not leave the parts before it written.
+        stored = as_stored(columns)
         for start in range(0, max(len(rows), 1), self.rows_per_request):
             part = slice(start, start + self.rows_per_request)
             body = _request(
                 dw.PutRequest,
                 rows=list(rows[part]),
-                columns=dw.columns_to_wire({n: v[part] for n, v in columns.items()}),
+                columns=dw.columns_to_wire({n: v[part] for n, v in stored.items()}),
             )
             self._send("POST", f"/dock/tables/{iteration}/rows", body)
 
@@ -129,7 +131,7 @@ class DockClient:
         return self._call("POST", f"/dock/consumers/{_segment(consumer)}/dispatch", dw.DispatchBody, body).dispatch()
 
     def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> None:
-        body = _request(dw.CollectRequest, columns=dw.columns_to_wire(columns))
+        body = _request(dw.CollectRequest, columns=dw.columns_to_wire(as_stored(columns)))
         self._send("POST", f"/dock/leases/{_segment(lease)}/collect", body)
 
     def renew(self, lease: str, lease_s: float = 60.0) -> float:

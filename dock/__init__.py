@@ -12,7 +12,6 @@ from proctor.dock.dock import (
     RowKey,
     TableInfo,
     TransferDock,
-    role_consumer,
 )
 from proctor.dock.errors import (
     CellConflictError,
@@ -45,5 +44,4 @@ __all__ = [
     "UnknownIterationError",
     "Value",
     "consume",
-    "role_consumer",
 ]

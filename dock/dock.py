@@ -31,7 +31,6 @@ import numpy as np
 import numpy.typing as npt
 
 from proctor.batching.dynamic import plan_dynamic_batches
-from proctor.batching.vocabulary import BatchPlan
 from proctor.dock.errors import (
     CellConflictError,
     CellsMissingError,
@@ -41,10 +40,10 @@ from proctor.dock.errors import (
     UnknownConsumerError,
     UnknownIterationError,
 )
-from proctor.dock.persistence import DockTables, StoredConsumer, StoredLease, StoredTable
+from proctor.dock.persistence import DockTables, Lease, StoredTable
 from proctor.dock.values import Value, decode_cell, encode_cell
 
-__all__ = ["Consumer", "Consumption", "Dispatch", "DockLimits", "RowKey", "TableInfo", "TransferDock", "role_consumer"]
+__all__ = ["Consumer", "Consumption", "Dispatch", "DockLimits", "RowKey", "TableInfo", "TransferDock"]
 
 RowKey = tuple[int, int]
 """``(slot, index)``: a prompt's slot in the step's batch, and which of its completions."""
@@ -74,13 +73,9 @@ class Consumer:
     needs: tuple[str, ...]
     produces: tuple[str, ...] = ()
     dispatch_size: int | None = None
-    """Rows per ``dispatch`` when the call does not say."""
-
-
-def role_consumer(plan: BatchPlan, role: str, *, needs: Sequence[str], produces: Sequence[str] = ()) -> Consumer:
-    """A consumer named for a role of the batch-size vocabulary, with that role's dispatch size
-    (``global × n / role_dp_size`` pairs; the whole batch for a rule reward and for advantages)."""
-    return Consumer(role, tuple(needs), tuple(produces), plan.dispatch_size(role))
+    """Rows per ``dispatch`` when the call does not say: for a role of the batch-size vocabulary,
+    ``derive_batch_plan(...).dispatch_size(role)`` (``global × n / role_dp_size`` pairs; the whole batch for a
+    rule reward and for advantages)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,13 +154,6 @@ class _Table:
         return found if found is not None else np.zeros(self.rows, dtype=bool)
 
 
-@dataclass(slots=True)
-class _Lease:
-    stored: StoredLease
-    expires_at: float
-    state: Literal["held", "collected", "expired"]
-
-
 class TransferDock:
     """The store, in this process, durable in the SQLite file ``path`` (``:memory:`` for a throwaway one).
 
@@ -193,7 +181,8 @@ class TransferDock:
         self._db = DockTables(path, synchronous=synchronous)
         self._tables: dict[int, _Table] = {}
         self._consumers: dict[str, Consumer] = {}
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, Lease] = {}  # every lease of the tables kept, by token
+        self._live: dict[str, Lease] = {}  # those still held: the ones expiry has to look at
         self._load()
 
     def _load(self) -> None:
@@ -203,16 +192,19 @@ class TransferDock:
             table = self._tables.get(iteration)
             if table is not None:
                 table.mask(table.written, name)[row] = True
-        for c in self._db.consumers():
-            self._consumers[c.name] = Consumer(c.name, c.needs, c.produces, c.dispatch_size)
+        for name, needs, produces, dispatch_size in self._db.consumers():
+            self._consumers[name] = Consumer(name, needs, produces, dispatch_size)
         for consumer, iteration, row in self._db.consumed():
             table = self._tables.get(iteration)
             if table is not None:
                 table.mask(table.consumed, consumer)[row] = True
         for lease in self._db.leases():
-            self._leases[lease.lease] = _Lease(lease, lease.expires_at, lease.state)
             table = self._tables.get(lease.iteration)
-            if lease.state == "held" and table is not None:
+            if table is None:
+                continue
+            self._leases[lease.lease] = lease
+            if lease.state == "held":
+                self._live[lease.lease] = lease
                 table.mask(table.held, lease.consumer)[lease.rows] = True
 
     def close(self) -> None:
@@ -253,7 +245,10 @@ class TransferDock:
                 self._db.add_table(info)
             for old in dropped:
                 del self._tables[old]
-                self._leases = {k: v for k, v in self._leases.items() if v.stored.iteration != old}
+            if dropped:
+                gone = set(dropped)
+                self._leases = {k: v for k, v in self._leases.items() if v.iteration not in gone}
+                self._live = {k: v for k, v in self._live.items() if v.iteration not in gone}
             table = self._tables[iteration] = _Table(info, {}, {}, {})
             return self._info(table)
 
@@ -309,7 +304,7 @@ class TransferDock:
                     )
                 return known
             with self._db.transaction():
-                self._db.add_consumer(StoredConsumer(name, consumer.needs, consumer.produces, dispatch_size))
+                self._db.add_consumer(name, consumer.needs, consumer.produces, dispatch_size)
             self._consumers[name] = consumer
             return consumer
 
@@ -330,7 +325,10 @@ class TransferDock:
         with self._lock:
             table = self._table(iteration)
             index = self._rows(table, rows)
-            self._write(table, index, columns)
+            fresh = self._fresh_cells(table, index, columns)
+            with self._db.transaction():
+                self._store_cells(table, fresh)
+            self._mark_written(table, fresh)
 
     def read(self, iteration: int, rows: Sequence[RowKey], columns: Sequence[str]) -> dict[str, list[Value]]:
         """The values of ``columns`` in ``rows``; never waits (cells not yet written are an error)."""
@@ -371,7 +369,11 @@ class TransferDock:
             raise DockInputError("rows", "a row appears twice; give each row once")
         return index
 
-    def _write(self, table: _Table, index: npt.NDArray[np.int64], columns: Mapping[str, Sequence[Value]]) -> None:
+    def _fresh_cells(
+        self, table: _Table, index: npt.NDArray[np.int64], columns: Mapping[str, Sequence[Value]]
+    ) -> dict[str, list[tuple[int, bytes]]]:
+        """The cells to write, encoded, per column: those not written yet. A cell written before must hold the
+        same value (a retried write), or nothing is written at all."""
         if len(columns) > self.limits.max_columns:
             raise DockInputError("columns", f"{len(columns)} columns; at most {self.limits.max_columns} per call")
         encoded: dict[str, list[bytes]] = {}
@@ -381,7 +383,7 @@ class TransferDock:
                 raise DockInputError(f"columns.{name}", f"{len(values)} values for {len(index)} rows; send one per row")
             encoded[name] = [encode_cell(f"columns.{name}[{n}]", v) for n, v in enumerate(values)]
         iteration = table.info.iteration
-        fresh: dict[str, list[int]] = {}
+        fresh: dict[str, list[tuple[int, bytes]]] = {}
         for name, cells in encoded.items():
             written = table.peek(table.written, name)
             again = [n for n in range(len(index)) if written[index[n]]]
@@ -393,13 +395,19 @@ class TransferDock:
                             f"column {name!r} of row {_key(table, int(index[n]))} in iteration {iteration} is "
                             "already written with another value; each column is written once per row"
                         )
-            fresh[name] = [n for n in range(len(index)) if not written[index[n]]]
-        with self._db.transaction():
-            for name, positions in fresh.items():
-                self._db.write_cells(iteration, name, ((int(index[n]), encoded[name][n]) for n in positions))
-        for name, positions in fresh.items():
-            if positions:
-                table.mask(table.written, name)[index[positions]] = True
+            fresh[name] = [(int(index[n]), cells[n]) for n in range(len(index)) if not written[index[n]]]
+        return fresh
+
+    def _store_cells(self, table: _Table, fresh: Mapping[str, list[tuple[int, bytes]]]) -> None:
+        """Write :meth:`_fresh_cells`' cells, inside the caller's transaction."""
+        for name, cells in fresh.items():
+            self._db.write_cells(table.info.iteration, name, cells)
+
+    def _mark_written(self, table: _Table, fresh: Mapping[str, list[tuple[int, bytes]]]) -> None:
+        """Record :meth:`_store_cells`' cells as written, once their transaction has committed."""
+        for name, cells in fresh.items():
+            if cells:
+                table.mask(table.written, name)[[row for row, _ in cells]] = True
 
     def _values(self, table: _Table, index: npt.NDArray[np.int64], columns: Sequence[str]) -> dict[str, list[Value]]:
         out: dict[str, list[Value]] = {}
@@ -499,29 +507,29 @@ class TransferDock:
             parts = _balanced(values[balance_by], dp_size, max_tokens)
         else:
             parts = _parts(len(index), dp_size, table.info.group_size if groups else 1)
-        lease = StoredLease(secrets.token_hex(16), c.name, table.info.iteration, index, expires_at, "held")
+        lease = Lease(secrets.token_hex(16), c.name, table.info.iteration, index, expires_at, "held")
         with self._db.transaction():
             self._db.add_lease(lease)
-        self._leases[lease.lease] = _Lease(lease, expires_at, "held")
+        self._leases[lease.lease] = self._live[lease.lease] = lease
         table.mask(table.held, c.name)[index] = True
         rows = tuple(_key(table, int(r)) for r in index)
         return Dispatch(c.name, table.info.iteration, lease.lease, expires_at, rows, values, parts)
 
     def _expire(self, now: float) -> None:
         """Return the rows of every lease past its expiry to the pool."""
-        late = [lease for lease in self._leases.values() if lease.state == "held" and lease.expires_at <= now]
+        late = [lease for lease in self._live.values() if lease.expires_at <= now]
         if not late:
             return
         with self._db.transaction():
             for lease in late:
-                self._db.set_lease(lease.stored.lease, state="expired", expires_at=lease.expires_at)
+                self._db.set_lease(lease.lease, state="expired", expires_at=lease.expires_at)
         for lease in late:
             lease.state = "expired"
-            table = self._tables.get(lease.stored.iteration)
-            if table is not None:
-                table.mask(table.held, lease.stored.consumer)[lease.stored.rows] = False
+            del self._live[lease.lease]
+            table = self._tables[lease.iteration]  # a lease leaves _live when its table is dropped
+            table.mask(table.held, lease.consumer)[lease.rows] = False
 
-    def _lease(self, token: str, now: float) -> _Lease:
+    def _lease(self, token: str, now: float) -> Lease:
         lease = self._leases.get(token)
         if lease is None:
             raise LeaseError(
@@ -532,7 +540,7 @@ class TransferDock:
             self._expire(now)
         if lease.state == "expired":
             raise LeaseError(
-                f"lease {token[:8]}… of consumer {lease.stored.consumer!r} expired {now - lease.expires_at:.1f}s ago; "
+                f"lease {token[:8]}… of consumer {lease.consumer!r} expired {now - lease.expires_at:.1f}s ago; "
                 "its rows went back to the pool and may be held by another worker: drop this result (renew a "
                 "lease before it expires for work that takes longer)"
             )
@@ -544,7 +552,7 @@ class TransferDock:
         with self._lock:
             now = self._clock()
             held = self._lease(lease, now)
-            c = self._consumer(held.stored.consumer)
+            c = self._consumer(held.consumer)
             extra = [name for name in columns if name not in c.produces]
             if extra:
                 raise DockInputError(
@@ -552,16 +560,25 @@ class TransferDock:
                     f"consumer {c.name!r} does not produce {extra}; it produces {list(c.produces)} (register another "
                     "consumer, or another name, to write other columns)",
                 )
-            table = self._table(held.stored.iteration)
-            self._write(table, held.stored.rows, columns)
-            if held.state == "collected":
+            table = self._table(held.iteration)
+            fresh = self._fresh_cells(table, held.rows, columns)
+            if held.state == "collected":  # a retry: the values it repeats were checked just above
+                if any(fresh.values()):
+                    with self._db.transaction():
+                        self._store_cells(table, fresh)
+                    self._mark_written(table, fresh)
                 return
+            # The results and the consumption in one transaction: a crash between them would leave rows whose
+            # results are written but that are still leased, and then handed to another worker.
             with self._db.transaction():
-                self._db.mark_consumed(c.name, table.info.iteration, held.stored.rows)
+                self._store_cells(table, fresh)
+                self._db.mark_consumed(c.name, table.info.iteration, held.rows)
                 self._db.set_lease(lease, state="collected", expires_at=held.expires_at)
+            self._mark_written(table, fresh)
             held.state = "collected"
-            table.mask(table.consumed, c.name)[held.stored.rows] = True
-            table.mask(table.held, c.name)[held.stored.rows] = False
+            del self._live[lease]
+            table.mask(table.consumed, c.name)[held.rows] = True
+            table.mask(table.held, c.name)[held.rows] = False
 
     def renew(self, lease: str, lease_s: float = 60.0) -> float:
         """Extend a live lease to ``lease_s`` seconds from now; returns its new expiry."""

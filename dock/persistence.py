@@ -19,7 +19,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DockTables", "StoredConsumer", "StoredLease", "StoredTable"]
+__all__ = ["DockTables", "Lease", "StoredTable"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS dock_tables (
@@ -71,16 +71,10 @@ class StoredTable:
     group_size: int
 
 
-@dataclass(frozen=True, slots=True)
-class StoredConsumer:
-    name: str
-    needs: tuple[str, ...]
-    produces: tuple[str, ...]
-    dispatch_size: int | None
+@dataclass(slots=True)
+class Lease:
+    """A claim on rows for one consumer; the store keeps it in memory as it is stored, and updates both."""
 
-
-@dataclass(frozen=True, slots=True)
-class StoredLease:
     lease: str
     consumer: str
     iteration: int
@@ -125,26 +119,20 @@ class DockTables:
         """Every written cell's (iteration, column, row), without its value."""
         yield from self._db.execute("SELECT iteration, name, row FROM dock_cells")
 
-    def consumers(self) -> list[StoredConsumer]:
-        out = []
+    def consumers(self) -> Iterator[tuple[str, tuple[str, ...], tuple[str, ...], int | None]]:
+        """Every consumer's (name, needs, produces, dispatch_size)."""
         for name, needs, produces, size in self._db.execute(
             "SELECT name, needs, produces, dispatch_size FROM dock_consumers"
         ):
-            out.append(StoredConsumer(name, tuple(json.loads(needs)), tuple(json.loads(produces)), size))
-        return out
+            yield name, tuple(json.loads(needs)), tuple(json.loads(produces)), size
 
     def consumed(self) -> Iterator[tuple[str, int, int]]:
         yield from self._db.execute("SELECT consumer, iteration, row FROM dock_consumed")
 
-    def leases(self, states: Sequence[LeaseState] = ("held", "collected", "expired")) -> list[StoredLease]:
-        marks = ",".join("?" * len(states))
-        rows = self._db.execute(
-            f"SELECT lease, consumer, iteration, rows, expires_at, state FROM dock_leases WHERE state IN ({marks})",
-            list(states),
-        )
+    def leases(self) -> list[Lease]:
+        rows = self._db.execute("SELECT lease, consumer, iteration, rows, expires_at, state FROM dock_leases")
         return [
-            StoredLease(lease, c, i, np.frombuffer(r, dtype="<i8").astype(np.int64), e, s)
-            for lease, c, i, r, e, s in rows
+            Lease(lease, c, i, np.frombuffer(r, dtype="<i8").astype(np.int64), e, s) for lease, c, i, r, e, s in rows
         ]
 
     # --- writes (inside a transaction) ---------------------------------------------------------------------
@@ -160,10 +148,10 @@ class DockTables:
             for table in ("dock_tables", "dock_cells", "dock_leases", "dock_consumed"):
                 self._db.execute(f"DELETE FROM {table} WHERE iteration = ?", (iteration,))
 
-    def add_consumer(self, consumer: StoredConsumer) -> None:
+    def add_consumer(self, name: str, needs: Sequence[str], produces: Sequence[str], dispatch_size: int | None) -> None:
         self._db.execute(
             "INSERT INTO dock_consumers (name, needs, produces, dispatch_size) VALUES (?, ?, ?, ?)",
-            (consumer.name, json.dumps(consumer.needs), json.dumps(consumer.produces), consumer.dispatch_size),
+            (name, json.dumps(list(needs)), json.dumps(list(produces)), dispatch_size),
         )
 
     def cells(self, iteration: int, name: str, rows: Sequence[int]) -> dict[int, bytes]:
@@ -185,7 +173,7 @@ class DockTables:
             ((iteration, name, row, value) for row, value in cells),
         )
 
-    def add_lease(self, lease: StoredLease) -> None:
+    def add_lease(self, lease: Lease) -> None:
         self._db.execute(
             "INSERT INTO dock_leases (lease, consumer, iteration, rows, expires_at, state) VALUES (?, ?, ?, ?, ?, ?)",
             (

@@ -12,7 +12,7 @@ import base64
 import binascii
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -20,7 +20,16 @@ import numpy.typing as npt
 
 from proctor.dock.errors import DockInputError
 
-__all__ = ["DTYPES", "MAX_NDIM", "Value", "decode_cell", "encode_cell", "from_wire_array", "to_wire_array"]
+__all__ = [
+    "DTYPES",
+    "MAX_NDIM",
+    "Value",
+    "as_stored",
+    "decode_cell",
+    "encode_cell",
+    "from_wire_array",
+    "to_wire_array",
+]
 
 Value: TypeAlias = Any  # a JSON-able value, or a numpy array of one of DTYPES
 """What a cell holds."""
@@ -74,6 +83,21 @@ def decode_cell(data: bytes) -> Value:
     shape = struct.unpack_from(f"<{ndim}I", data, 3)
     dtype = np.dtype(DTYPES[code]).newbyteorder("<")
     return np.frombuffer(data, dtype=dtype, offset=3 + 4 * ndim).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def as_stored(columns: Mapping[str, Sequence[Value]]) -> dict[str, list[Value]]:
+    """The values as the store would read them back, or the :class:`DockInputError` it would raise.
+
+    A client sends this rather than what it was given: a JSON encoder would quietly turn a set into a list
+    and NaN into null, and the server would store what the caller never wrote.
+    """
+    return {
+        name: [
+            v if isinstance(v, np.ndarray) else decode_cell(encode_cell(f"columns.{name}[{n}]", v))
+            for n, v in enumerate(values)
+        ]
+        for name, values in columns.items()
+    }
 
 
 def to_wire_array(array: npt.NDArray[Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proctor.dock.dock import Consumer, Consumption, Dispatch, TableInfo
 from proctor.dock.errors import DockInputError
-from proctor.dock.values import MAX_NDIM, Value, decode_cell, encode_cell, from_wire_array, to_wire_array
+from proctor.dock.values import MAX_NDIM, Value, from_wire_array, to_wire_array
 
 __all__ = [
     "CollectRequest",
@@ -73,16 +73,12 @@ class WireColumn(_Wire):
 
 
 def column_to_wire(name: str, values: Sequence[Value]) -> WireColumn:
-    """A column's values as the wire carries them (arrays when every value is a numpy array).
-
-    Each JSON value is checked as the store checks it: otherwise the wire's JSON encoder would turn a set
-    into a list and NaN into null, and the server would store what the caller never wrote.
-    """
+    """A column's values as the wire carries them (arrays when every value is a numpy array)."""
     if values and all(isinstance(v, np.ndarray) for v in values):
         return WireColumn(arrays=[WireArray(**to_wire_array(v)) for v in values])
     if any(isinstance(v, np.ndarray) for v in values):
         raise DockInputError(f"columns.{name}", "mixes numpy arrays and other values; send one kind per column")
-    return WireColumn(values=[decode_cell(encode_cell(f"columns.{name}[{n}]", v)) for n, v in enumerate(values)])
+    return WireColumn(values=list(values))
 
 
 def column_from_wire(field: str, column: WireColumn) -> list[Value]:

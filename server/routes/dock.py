@@ -30,14 +30,16 @@ def _json(model: dw._Wire) -> Response:
 @router.get("", response_model=dw.DockOverview)
 async def overview(server: DataserverDep) -> Response:
     """The tables kept (with the cells written per column) and the consumers."""
-    dock = server.experience.dock
-    tables = await server.experience.call(TransferDock.tables, dock)
-    consumers = await server.experience.call(TransferDock.consumers, dock)
+    x = server.experience
+    return await x.call(_overview, x.dock)
+
+
+def _overview(dock: TransferDock) -> Response:
     return _json(
         dw.DockOverview(
             keep_iterations=dock.keep_iterations,
-            tables=[dw.TableBody.of(t) for t in tables],
-            consumers=[dw.ConsumerBody.of(c) for c in consumers],
+            tables=[dw.TableBody.of(t) for t in dock.tables()],
+            consumers=[dw.ConsumerBody.of(c) for c in dock.consumers()],
         )
     )
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from proctor.batching.vocabulary import derive_batch_plan
 from proctor.dock import (
     CellConflictError,
     CellsMissingError,
@@ -353,6 +354,21 @@ def test_dispatch_takes_the_consumers_dispatch_size_when_count_is_not_given(dock
     assert len(dock.dispatch("sized", 3)) == 3
     with pytest.raises(DockInputError, match=re.escape("count: consumer 'unsized' has no dispatch_size")):
         dock.dispatch("unsized")
+
+
+def test_a_roles_dispatch_size_from_the_batch_vocabulary_splits_the_step_among_its_readers(
+    dock: TransferDock,
+) -> None:
+    # 4 prompts × 2 completions; the reference model on 2 DP ranks reads 4 pairs each, a rule reward the whole step.
+    plan = derive_batch_plan(global_batch_size=4, mini_batch_size=4, num_generations=2, dp_size=2, micro_batch_size=2)
+    dock.open(0, slots=4, group_size=2)
+    dock.put(0, all_rows(4, 2), {"completion": [f"c{n}" for n in range(8)]})
+    dock.register("ref", needs=["completion"], produces=["ref_logps"], dispatch_size=plan.dispatch_size("ref"))
+    dock.register("reward", needs=["completion"], produces=["reward"], dispatch_size=plan.dispatch_size("reward"))
+    first, second = dock.dispatch("ref"), dock.dispatch("ref")
+    assert (len(first), len(second)) == (4, 4)
+    assert set(first.rows).isdisjoint(second.rows)
+    assert len(dock.dispatch("reward", groups=True)) == 8
 
 
 def test_groups_hands_out_whole_groups_only_once_all_are_ready(dock: TransferDock) -> None:
