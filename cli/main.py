@@ -12,10 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proctor.cli.dataserver import preview, serve, validate
-from proctor.server.curriculum.spec import CurriculumError
-from proctor.server.history import HistoryError
-from proctor.server.settings import SettingsError
-from proctor.server.store import StateMismatchError
+from proctor.server.exceptions import ProctorError
 
 __all__ = ["main"]
 
@@ -74,7 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         code: int = args.run(args)
-    except (CurriculumError, SettingsError, StateMismatchError, HistoryError) as exc:
+    # Every configuration or data error the server raises at start-up (a bad curriculum, setting, state
+    # file, history, SQLite) is a ProctorError with a message that says what to do: no traceback.
+    except ProctorError as exc:
         print(f"proctor {args.command}: {exc}", file=sys.stderr)
         return 2
     return code

@@ -73,7 +73,7 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
         redoc_url=None if locked else "/redoc",
     )
     install_error_handlers(app)
-    # With a key, every route but /healthz may answer 401.
+    # With a key, every route but the open ones (the health router's) may answer 401.
     keyed = error_responses(401) if locked else {}
     app.include_router(ops.health_router)
     app.include_router(ops.metrics_router, responses=keyed)
@@ -86,12 +86,12 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
         ("GradeRequest", "items"): {"maxItems": settings.max_grade_items},
         ("GradeItem", "completion"): {"maxLength": settings.max_completion_chars},
     }
-    complete_openapi(app, bearer=locked, limits=limits)
+    complete_openapi(app, bearer=locked, limits=limits, open_paths=ops.OPEN_PATHS)
     # Each add wraps the ones before: the request passes metrics, then the key, the body's type and its size
     # limit, all of which look at the head only, before the route reads the body.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(JsonBodyMiddleware)
     if settings.api_key is not None:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value())
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value(), open_paths=ops.OPEN_PATHS)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app

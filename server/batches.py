@@ -16,8 +16,9 @@ __all__ = ["SampleCache", "ServedBatch", "encode_sample"]
 
 def encode_sample(slot: int, sample: dict[str, Any]) -> bytes:
     """One entry of ``SampleResponse.samples``."""
-    # The slot is the sample's position, so it is added here rather than stored (state files of earlier
-    # versions have none). pydantic's encoder: compact UTF-8, a third of the time of the json module's.
+    # The slot is the sample's position. It is added here for the state files of earlier versions, whose
+    # stored samples have none (the samples stored now carry it, and `**sample` writes the same value again).
+    # pydantic's encoder: compact UTF-8, a third of the time of the json module's.
     return to_json({"sample_id": sample["sample_id"], "slot": slot, **sample})
 
 
@@ -76,9 +77,6 @@ class SampleCache:
         self.max_bytes = max_bytes
         self._batches: OrderedDict[int, ServedBatch] = OrderedDict()
         self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._batches)
 
     def get(self, iteration: int) -> ServedBatch | None:
         batch = self._batches.get(iteration)

@@ -1,9 +1,11 @@
 """The composition root: the state file, the grader processes and the curriculum's progress, wired into the
 sampling and grading services that the routes call.
 
-Everything runs on the event loop except the graders (worker processes), WAL checkpoints (a thread), and
-store calls that must wait for the disk (the store's thread; see :mod:`proctor.server.storage`). Work that
-grows with a request's size hands the loop back every few milliseconds (:mod:`proctor.server.pacing`).
+Everything runs on the event loop except the graders (worker processes), WAL checkpoints (a thread), store
+calls that must wait for the disk (the store's thread; see :mod:`proctor.server.storage`) and the experience
+store (a thread of its own). Per-item Python work that grows with a request's size hands the loop back every
+few milliseconds (:mod:`proctor.server.pacing`); a request's inline store calls do not, and are bounded by its
+item limit instead (a statement per few hundred keys).
 """
 
 from __future__ import annotations
@@ -70,11 +72,6 @@ class Dataserver:
         await self._http.aclose()
         await self.experience.close()
         await self.ctx.storage.close()
-
-    @property
-    def failure(self) -> str | None:
-        """Why the server refuses work (its state file refused a write), or None while it serves."""
-        return self.ctx.storage.failure
 
     @property
     def last_iteration(self) -> int | None:

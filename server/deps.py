@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from proctor.server.dataserver import Dataserver
+from proctor.server.exceptions import RequestError
 
 __all__ = ["DataserverDep", "json_body"]
 
@@ -40,7 +41,7 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
             raw = await request.body()
         except ClientDisconnect:
             # Gone before its body arrived (or cut off by the body deadline): nobody is left to answer.
-            raise HTTPException(400, "body: the client disconnected before sending it whole") from None
+            raise RequestError("body: the client disconnected before sending it whole") from None
         try:
             return model.model_validate_json(raw)
         except ValidationError as exc:

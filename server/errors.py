@@ -1,6 +1,6 @@
 """The handlers that turn every client error into a 4xx with a ``detail`` naming the field and the fix, and the
 error bodies of the OpenAPI description. The errors routes raise are defined in ``proctor.server.exceptions``
-(no FastAPI there) and re-exported here."""
+(no FastAPI there)."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ class ApiKeyMiddleware:
     """With an API key, every path but the open ones needs ``Authorization: Bearer <key>`` (401 otherwise),
     checked before anything reads the body."""
 
-    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = frozenset({"/healthz"})) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str]) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
         self._open = open_paths

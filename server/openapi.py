@@ -38,7 +38,7 @@ def complete_openapi(
     *,
     bearer: bool,
     limits: dict[tuple[str, str], dict[str, int]] | None = None,
-    open_paths: frozenset[str] = frozenset({"/healthz"}),
+    open_paths: frozenset[str] = frozenset(),
 ) -> None:
     """Make ``app.openapi()`` include every request body's schema and, with ``bearer``, the API key.
 

@@ -16,7 +16,7 @@ from proctor.server import protocol as wire
 from proctor.server.batches import SampleCache, ServedBatch, encode_sample
 from proctor.server.context import ServingContext
 from proctor.server.curriculum.mixing import Mixer
-from proctor.server.exceptions import ConflictError, InvalidRequestError, UnavailableError
+from proctor.server.exceptions import ConflictError, InvalidRequestError
 from proctor.server.pacing import paced
 from proctor.server.store import IterationRow
 
@@ -56,11 +56,9 @@ class SamplingService:
                 if batch is None:
                     batch, committed = await self._new_iteration(req.iteration, req.batch_size)
         if committed is not None:
-            # Nobody gets a batch before it is on disk: the answer must survive a crash.
-            try:
-                await asyncio.shield(committed)
-            except Exception as exc:
-                raise UnavailableError(self.ctx.storage.failure or f"the state file refused a write ({exc})") from exc
+            # Nobody gets a batch before it is on disk: the answer must survive a crash. A failed commit
+            # raises UnavailableError (503) here.
+            await asyncio.shield(committed)
         if batch.batch_size != req.batch_size:
             raise ConflictError(
                 f"iteration {req.iteration} was sampled with batch_size {batch.batch_size}; ask again with "

@@ -147,8 +147,8 @@ class AsyncStore:
     async def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]:
         return await self._call(self._store.latest_served, sample_ids)
 
-    async def has_grades(self, iteration: int) -> bool:
-        return await self._call(self._store.has_grades, iteration)
+    async def graded_iterations(self, iterations: Iterable[int]) -> set[int]:
+        return await self._call(self._store.graded_iterations, iterations)
 
     async def find_grades(self, keys: Iterable[GradeKey]) -> dict[GradeKey, GradeRow]:
         return await self._call(self._store.find_grades, keys)
@@ -163,7 +163,7 @@ class AsyncStore:
         The iterations decided in one turn of the event loop (requests that arrived together) are committed
         in one transaction at the start of the next turn; with ``full`` sync, those decided while a commit
         waits for its fsync go in the one after. Commits stay in decision order. Should a commit fail, every
-        future of its group fails and the server stops serving (:meth:`fail`).
+        future of its group fails with :class:`UnavailableError` and the server stops serving (:meth:`fail`).
         """
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
@@ -190,15 +190,17 @@ class AsyncStore:
         )
 
     def _committed(self, group: list[_Queued], exc: BaseException | None) -> None:
-        if exc is not None:
-            self.fail(exc)
+        # A failed commit is a 503 for every request waiting on it, as a failed grade write is.
+        error = None if exc is None else UnavailableError(self.fail(exc))
+        if error is not None:
+            error.__cause__ = exc
         for *_, done in group:
             if done.cancelled():
                 continue
-            if exc is None:
+            if error is None:
                 done.set_result(None)
             else:
-                done.set_exception(exc)
+                done.set_exception(error)
         if self._queued:
             asyncio.get_running_loop().call_soon(self._start_commit)
         else:

@@ -9,7 +9,7 @@ A state file belongs to one curriculum (its content hash and seed): opening it w
 since its iterations and grades would no longer mean what they meant.
 
 All methods are synchronous. With ``synchronous=NORMAL`` a commit is a few tens of microseconds of C with no
-fsync, so :class:`proctor.server.service.Dataserver` runs writes right on the event loop (no thread hop, no
+fsync, so :class:`proctor.server.storage.AsyncStore` runs writes right on the event loop (no thread hop, no
 contention for the GIL); with ``full`` every commit waits for an fsync, so writes go to a dedicated thread.
 Either way one thread at a time uses the connection. Checkpoints use a connection of their own.
 """
@@ -34,6 +34,7 @@ __all__ = [
     "GradeOutcome",
     "GradeRow",
     "IterationRow",
+    "SQLiteVersionError",
     "StageTotals",
     "StateMismatchError",
     "Store",
@@ -117,6 +118,10 @@ class StateMismatchError(ProctorError, RuntimeError):
     """The state file was written for another curriculum or seed."""
 
 
+class SQLiteVersionError(ProctorError, RuntimeError):
+    """Python's sqlite3 is older than the statements the store uses."""
+
+
 @dataclass(frozen=True, slots=True)
 class IterationRow:
     iteration: int
@@ -154,7 +159,7 @@ class Store:
     def __init__(self, path: str | Path, *, synchronous: Literal["normal", "full"] = "normal") -> None:
         if sqlite3.sqlite_version_info < (3, 35):
             # Grades are stored with INSERT … RETURNING (3.35, 2021).
-            raise RuntimeError(
+            raise SQLiteVersionError(
                 f"proctor needs SQLite 3.35 or newer, and Python's sqlite3 here uses {sqlite3.sqlite_version}; "
                 "use a Python built against a newer SQLite (e.g. the python:3.11 Docker images)"
             )
@@ -168,7 +173,7 @@ class Store:
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA busy_timeout=5000")
         # No automatic checkpoints: SQLite would run them inside whichever commit crosses 1000 WAL pages,
-        # stalling that commit (and every request queued behind it) for milliseconds. The service runs
+        # stalling that commit (and every request queued behind it) for milliseconds. AsyncStore runs
         # `checkpoint()` on another connection and thread instead, beside the writes.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         if self._schema_version() == "1":
@@ -334,10 +339,19 @@ class Store:
                 out[sid] = int(iteration)
         return out
 
-    def has_grades(self, iteration: int) -> bool:
-        """Whether any grade of ``iteration`` is stored (an index probe)."""
-        row = self._db.execute("SELECT 1 FROM grades WHERE iteration = ? LIMIT 1", (iteration,)).fetchone()
-        return row is not None
+    def graded_iterations(self, iterations: Iterable[int]) -> set[int]:
+        """Those of ``iterations`` with at least one stored grade (the unique key's index, a statement per few
+        hundred iterations)."""
+        out: set[int] = set()
+        for part in _parts(sorted(set(iterations)), _KEYS_PER_STATEMENT):
+            marks = ",".join("?" * len(part))
+            out.update(
+                i
+                for (i,) in self._db.execute(
+                    f"SELECT DISTINCT iteration FROM grades WHERE iteration IN ({marks})", part
+                )
+            )
+        return out
 
     # --- grades -----------------------------------------------------------------------------------------
 

@@ -127,9 +127,10 @@ class Mixer:
         self._permutations: OrderedDict[tuple[str, int], Permutation] = OrderedDict()
 
     def quotas(self, stage: int, batch_size: int, iteration: int) -> list[tuple[str, int]]:
-        weights = self._weights[stage]
-        counts = largest_remainder([w for _, w in weights], batch_size, rotation=iteration)
-        return [(source, q) for (source, _), q in zip(weights, counts, strict=True)]
+        # Read from the same table the stream positions come from, so that draws and positions cannot drift.
+        table = self._table(stage, batch_size)
+        r = iteration % table.period
+        return [(s, hi - lo) for s, lo, hi in zip(table.sources, table.prefix[r], table.prefix[r + 1], strict=True)]
 
     def cursors(self, iteration: int, batch_size: int, stage_of: Callable[[int], int]) -> dict[str, int]:
         """Each source's stream position at the start of ``iteration``: what iterations ``0..iteration-1``

@@ -16,13 +16,13 @@ class CurriculumProgress:
     def __init__(
         self,
         curriculum: Curriculum,
-        schedule: StageSchedule | None = None,
-        statistics: CurriculumStatistics | None = None,
-        last_iteration: int | None = None,
+        schedule: StageSchedule,
+        statistics: CurriculumStatistics,
+        last_iteration: int | None,
     ) -> None:
         self.curriculum = curriculum
-        self.schedule = schedule or StageSchedule(curriculum.stages)
-        self.statistics = statistics or CurriculumStatistics(curriculum.stages)
+        self.schedule = schedule
+        self.statistics = statistics
         self.last_iteration = last_iteration
 
     def stage_of(self, iteration: int) -> int:

@@ -187,10 +187,8 @@ def _math_verify_timeout(timeout_s: float) -> int | None:
 
 
 @lru_cache(maxsize=1)
-def _extraction_configs() -> tuple[
-    tuple[LatexExtractionConfig, ExprExtractionConfig], tuple[LatexExtractionConfig, ExprExtractionConfig]
-]:
-    """The math_verify extraction configs ``math`` parses with: ``(for the reference, for the response)``."""
+def _extraction_configs() -> tuple[LatexExtractionConfig, ExprExtractionConfig]:
+    """The math_verify extraction configs ``math`` parses the reference and the response with."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
     # Both are math_verify's defaults, spelled out because they decide what counts as an answer.
@@ -202,8 +200,7 @@ def _extraction_configs() -> tuple[
     # (as kolibrify had) scores 0. math_verify tries the patterns of both by priority and position, so the
     # order only breaks exact ties, in favour of the LaTeX reading. One pair for both sides, too: math_verify
     # keeps only the last config's compiled regexes, so two different pairs would recompile them every call.
-    both = (LatexExtractionConfig(), ExprExtractionConfig())
-    return both, both
+    return LatexExtractionConfig(), ExprExtractionConfig()
 
 
 class _UnparsedReference(Exception):
@@ -214,10 +211,9 @@ class _UnparsedReference(Exception):
 def _parsed_reference(answer: str, timeout: int | None) -> tuple[Any, ...]:
     from math_verify import parse
 
-    gold_configs, _ = _extraction_configs()
     gold = parse(
         answer if _LATEX_DELIMITED.search(answer) else f"\\boxed{{{answer}}}",
-        extraction_config=list(gold_configs),
+        extraction_config=list(_extraction_configs()),
         parsing_timeout=timeout,
     )
     if not gold:
@@ -274,8 +270,7 @@ def math(sample: GradeInput, /, *, timeout_s: float = 5) -> float:
             f"math: could not parse the reference answer {answer!r} as math (or it took over {timeout_s}s); "
             "write it as LaTeX, e.g. \\frac{1}{2}, or use exact_match for non-math answers"
         ) from None
-    _, response_configs = _extraction_configs()
-    pred = parse(response, extraction_config=list(response_configs), parsing_timeout=timeout)
+    pred = parse(response, extraction_config=list(_extraction_configs()), parsing_timeout=timeout)
     # verify takes a list, not a tuple, as the set of a side's readings.
     return 1.0 if pred and verify(list(gold), pred, timeout_seconds=timeout) else 0.0
 

@@ -32,7 +32,3 @@ class GraderOutcome:
     @classmethod
     def failed(cls, kind: FailureKind, message: str) -> GraderOutcome:
         return cls(failure=kind, message=message)
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None

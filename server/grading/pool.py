@@ -117,14 +117,14 @@ def _timed_out(n: int, timeout_s: float) -> list[_Raw]:
     return [(FailureKind.TIMEOUT.value, _timeout_message(timeout_s))] * n
 
 
-def _grade(graders: Sequence[tuple[str, str, Mapping[str, Any]]], sample: GradeInput, timeout_s: float) -> list[_Raw]:
+def _grade(graders: Sequence[tuple[str, Mapping[str, Any]]], sample: GradeInput, timeout_s: float) -> list[_Raw]:
     """The task's results, one per grader, within ``timeout_s`` for all of them together."""
     global _armed
     out: list[_Raw] = []
     _armed = True
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
-        for _, ref, params in graders:
+        for ref, params in graders:
             try:
                 fn = _loaded.get(ref)
                 if fn is None:
@@ -287,14 +287,14 @@ class GraderPool:
         failure: GraderOutcome | None = None
         # Each source's graders are sent once per chunk, not with every completion.
         sets: dict[int, int] = {}
-        grader_sets: list[list[tuple[str, str, dict[str, Any]]]] = []
+        grader_sets: list[list[tuple[str, dict[str, Any]]]] = []
         # Samples go as plain tuples: pickling a slotted dataclass costs several times as much.
         numbered: list[tuple[int, tuple[Any, ...]]] = []
         for graders, sample in chunk:
             index = sets.get(id(graders))
             if index is None:
                 index = sets[id(graders)] = len(grader_sets)
-                grader_sets.append([(g.key, g.ref, dict(g.params)) for g in graders])
+                grader_sets.append([(g.ref, dict(g.params)) for g in graders])
             fields = (sample.prompt, sample.completion, sample.answer, sample.metadata, sample.completion_tokens)
             numbered.append((index, fields))
         try:

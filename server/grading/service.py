@@ -68,7 +68,7 @@ class GradingService:
             await self._attribute(items, req.iteration)
             keys = [it.key for it in items if it.record is not None]
             # Only an iteration that was graded before can have stored grades: usually nothing to look up.
-            graded = {i for i in {key[0] for key in keys} if await self.ctx.storage.has_grades(i)}
+            graded = await self.ctx.storage.graded_iterations({key[0] for key in keys})
             stored = await self.ctx.storage.find_grades([k for k in keys if k[0] in graded]) if graded else {}
             # Errors are not final: a completion whose grader failed is graded again when posted again.
             fresh = [

@@ -169,7 +169,7 @@ def test_a_grade_is_keyed_by_its_slot(tmp_path: Path) -> None:
     other = GradeRow((0, "add:0123456789:1", 5, 0, "sha"), 0, "add", 0.0, {}, None)
     assert store.insert_grades([one, other]) == ["inserted", "inserted"]
     assert store.find_grades([other.key])[other.key].reward == 0.0
-    assert store.has_grades(0) and not store.has_grades(1)
+    assert store.graded_iterations([0, 1, 5]) == {0}
     store.close()
 
 
