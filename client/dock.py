@@ -153,7 +153,7 @@ class DockClient:
 
     def _send(self, method: str, path: str, body: BaseModel) -> None:
         with _dock_errors():
-            self.client._send(method, path, body.model_dump(mode="json", exclude_none=True))
+            self.client._send(method, path, body)
 
 
 def _request(model: type[M], **fields: Any) -> M:

@@ -167,8 +167,7 @@ class ProctorClient:
     # --- plumbing -----------------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, model: type[M], body: BaseModel | None = None) -> M:
-        payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
-        response = self._send(method, path, payload)
+        response = self._send(method, path, body)
         try:
             return model.model_validate(response.json())
         except ValueError as exc:  # not JSON, or not the expected shape (pydantic's error is a ValueError)
@@ -178,8 +177,12 @@ class ProctorClient:
                 request=response.request,
             ) from exc
 
-    def _send(self, method: str, path: str, payload: Any) -> httpx.Response:
-        request = self._http.build_request(method, path, json=payload)
+    def _send(self, method: str, path: str, body: BaseModel | None) -> httpx.Response:
+        # Encoded here, by the same encoder that _grade_parts sizes requests with (httpx's own JSON encoding
+        # differs between versions: before 0.28 it escaped every non-ASCII character to six bytes).
+        content = None if body is None else body.model_dump_json(exclude_none=True).encode()
+        headers = None if body is None else {"Content-Type": "application/json"}
+        request = self._http.build_request(method, path, content=content, headers=headers)
         for attempt in range(self.retries + 1):
             last_attempt = attempt == self.retries
             try:
