@@ -1,30 +1,47 @@
-"""``python -m bench [NAME ...]``: the benchmarks, one after the other, each printing its table.
+"""``python -m bench [NAME [FLAG ...] ...]``: the benchmarks, one after the other, each printing its table.
 
 Names: math_grader, server_load, event_loop, memory_soak, trainer_overhead, batching, grpo_step (default: all).
-Flags after ``memory_soak`` are its own (``python -m bench memory_soak --quick``); run with the others, it
-soaks at a smaller size (see bench/memory_soak.py).
+The flags after a name, up to the next name, are that benchmark's own (``python -m bench memory_soak --quick
+server_load --no-baseline``). Run with the others (no name given), memory_soak soaks at a smaller size (see
+bench/memory_soak.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
+from collections.abc import Sequence
 
 from bench import event_loop, math_grader, memory_soak, server_load
 
 NAMES = ("math_grader", "server_load", "event_loop", "memory_soak", "trainer_overhead", "batching", "grpo_step")
+# Their main() reads no command line, so a flag after one of these names would be silently dropped.
+FLAGLESS = ("math_grader", "event_loop", "trainer_overhead", "batching")
 
-if __name__ == "__main__":
-    only = set(sys.argv[1:])
+
+def flags_after(name: str, args: Sequence[str]) -> list[str]:
+    """What follows ``name`` in ``args`` up to the next benchmark's name: that benchmark's flags."""
+    if name not in args:
+        return []
+    return list(itertools.takewhile(lambda a: a not in NAMES, args[args.index(name) + 1 :]))
+
+
+def main(args: Sequence[str]) -> None:
+    if args and args[0] not in NAMES:
+        sys.exit(f"python -m bench: {args[0]!r} is not a benchmark ({', '.join(NAMES)}); flags follow a name")
+    for name in FLAGLESS:
+        if flags := flags_after(name, args):
+            sys.exit(f"python -m bench: {name} takes no flags, got {' '.join(flags)}")
+    only = set(args) & set(NAMES)
     if not only or "math_grader" in only:
         math_grader.main()
     if not only or "server_load" in only:
-        server_load.main()
+        server_load.main(flags_after("server_load", args))
     if not only or "event_loop" in only:
         event_loop.main()
     if not only or "memory_soak" in only:
         # Named, it runs the full size (or its flags); in the all-benchmarks run, a smaller one.
-        flags = [a for a in sys.argv[sys.argv.index("memory_soak") + 1 :] if a not in NAMES] if only else None
-        memory_soak.main(memory_soak.ALL_BENCHMARKS_ARGS if flags is None else flags)
+        memory_soak.main(flags_after("memory_soak", args) if only else memory_soak.ALL_BENCHMARKS_ARGS)
     # Imported when run: these need the `train` extra (torch, TRL), the server benchmarks do not.
     if not only or "trainer_overhead" in only:
         from bench import trainer_overhead
@@ -37,5 +54,9 @@ if __name__ == "__main__":
     if not only or "grpo_step" in only:
         from bench import grpo_step
 
-        sys.argv = sys.argv[:1]  # grpo_step parses its own (empty) command line
+        sys.argv = [sys.argv[0], *flags_after("grpo_step", args)]  # grpo_step parses sys.argv itself
         grpo_step.main()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -59,9 +59,9 @@ class Row:
         return self.seconds / self.completions * 1e6
 
 
-def graders() -> tuple[Grader, Grader]:
-    """``(before, after)``: the ``math`` grader of the baseline commit, read from git, and today's."""
-    old = old_module("server/grading/builtin.py")
+def graders(ref: str = BASELINE) -> tuple[Grader, Grader]:
+    """``(before, after)``: the ``math`` grader of commit ``ref``, read from git, and today's."""
+    old = old_module("server/grading/builtin.py", ref)
     return functools.partial(old.math, timeout_s=TIMEOUT_S), functools.partial(builtin.math, timeout_s=TIMEOUT_S)
 
 
@@ -130,7 +130,9 @@ def completions(
     return out
 
 
-def _time(grader: Grader, samples: list[GradeInput], seconds: float) -> tuple[list[float], float]:
+def time_grader(grader: Grader, samples: list[GradeInput], seconds: float) -> tuple[list[float], float]:
+    """``grader``'s verdicts on ``samples``, one after another in this process, stopping once ``seconds`` have
+    passed; and the seconds taken."""
     verdicts: list[float] = []
     started = time.perf_counter()
     deadline = started + seconds
@@ -150,8 +152,8 @@ def run(n: int = COMPLETIONS, seconds: float = SECONDS) -> tuple[list[Row], dict
     for name, answers, ending in ANSWER_SETS:
         samples = completions(answers, ending, n)
         builtin._parsed_reference.cache_clear()
-        old, old_s = _time(before, samples, seconds)
-        new, new_s = _time(after, samples, seconds)
+        old, old_s = time_grader(before, samples, seconds)
+        new, new_s = time_grader(after, samples, seconds)
         both = min(len(old), len(new))
         differing = sum(a != b for a, b in zip(old[:both], new[:both], strict=True))
         rows.append(Row(name, "before", len(old), old_s, int(sum(old)), differing))

@@ -17,6 +17,7 @@ the server.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import functools
@@ -25,27 +26,31 @@ import json
 import os
 import platform
 import random
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench import math_grader
 from bench._baseline import BASELINE, available, checkout
 from bench._http import Connection
 from bench._results import save
+from bench.math_grader import Grader, time_grader
 from proctor.cli.launcher import ServerProcess
+from proctor.server.grading import builtin
+from proctor.server.grading.base import GradeInput
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = 8
 SAMPLE_BATCH = 16
 GRADE_ITEMS = 64
 ROWS = 5_000
+# Completions the bare rate is measured on (plain-number /grade items), and how many of them warm the grader up.
+BARE_COMPLETIONS, BARE_WARM_UP = 40 * GRADE_ITEMS, 64
 
 
 @dataclass
@@ -97,8 +102,9 @@ def _answer(a: int, b: int, c: int) -> int:
     return a + b * c
 
 
-def write_curriculum(folder: Path) -> Path:
-    """5,000 arithmetic rows in a JSONL file and a one-stage curriculum over them, graded by ``math``."""
+def write_curriculum(folder: Path) -> tuple[Path, list[dict[str, str]]]:
+    """5,000 arithmetic rows in a JSONL file and a one-stage curriculum over them, graded by ``math``: the
+    curriculum's path and the rows, in file order."""
     rng = random.Random(7)
     rows = []
     for _ in range(ROWS):
@@ -112,7 +118,7 @@ def write_curriculum(folder: Path) -> Path:
         "    graders: [{name: math}]\n"
         "stages:\n  - {name: only, until_step: 100000000, mix: [{source: rows}]}\n"
     )
-    return path
+    return path, rows
 
 
 def _completion(answer: str, n: int, k: int, latex: bool) -> str:
@@ -125,8 +131,9 @@ def _completion(answer: str, n: int, k: int, latex: bool) -> str:
 
 async def _run(
     host: str, port: int, seconds: float, answers: dict[str, str]
-) -> tuple[list[Row], list[tuple[str, str]]]:
-    """The rows, and the (reference, completion) pairs of one plain-number /grade request (for the bare rate)."""
+) -> tuple[list[Row], Row, list[GradeInput]]:
+    """The rows; the plain-number /grade row among them; and plain-number /grade completions, not sent, for
+    the bare rate of the math grader on the same kind of work."""
     rows: list[Row] = []
     drive = functools.partial(_drive, seconds=seconds, concurrency=CONCURRENCY, host=host, port=port)
     # Warm-up, away from the measured iterations. (Fresh connections per phase: uvicorn closes idle ones.)
@@ -173,13 +180,10 @@ async def _run(
         return grade
 
     plain, latex = grader(latex=False), grader(latex=True)
-    rows.append(
-        _row(
-            f"/grade ({GRADE_ITEMS} completions, plain-number answers)",
-            *await drive(plain),
-            "≥ 500 req/s, p99 ≤ 100 ms",
-        )
+    plain_row = _row(
+        f"/grade ({GRADE_ITEMS} completions, plain-number answers)", *await drive(plain), "≥ 500 req/s, p99 ≤ 100 ms"
     )
+    rows.append(plain_row)
     rows.append(_row(f"/grade ({GRADE_ITEMS} completions, LaTeX answers)", *await drive(latex)))
 
     # /healthz under grading load: 8 connections keep /grade busy while one more probes /healthz.
@@ -217,45 +221,19 @@ async def _run(
         idle.append(time.perf_counter() - started)
     await conn.close()
     rows.append(_row("/healthz idle", idle, sum(idle)))
-    pairs = [(answers[it["sample_id"]], it["completion"]) for n in range(40) for it in grade_items(10**6 + n, False)]
-    return rows, pairs
+    bare = [
+        GradeInput(prompt="", completion=it["completion"], answer=answers[it["sample_id"]])
+        for n in range(BARE_COMPLETIONS // GRADE_ITEMS)
+        for it in grade_items(10**6 + n, False)
+    ]
+    return rows, plain_row, bare
 
 
-# Times the checkout's own `math` grader in one process on the given (reference, completion) pairs.
-_BARE_RATE = """
-import json, sys, time
-from proctor.server.grading.base import GradeInput
-from proctor.server.grading.builtin import math
-pairs = json.load(sys.stdin)
-inputs = [GradeInput(prompt="", completion=c, answer=a) for a, c in pairs]
-for s in inputs[:64]:
-    math(s)
-started = time.perf_counter()
-for s in inputs:
-    math(s)
-print(len(inputs) / (time.perf_counter() - started))
-"""
-
-
-def bare_rate(pairs: list[tuple[str, str]], env: dict[str, str] | None) -> float:
-    """Completions/s of the math grader alone, in one process of the checkout that ``env`` selects."""
-    out = subprocess.run(
-        [sys.executable, "-c", _BARE_RATE],
-        input=json.dumps(pairs),
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, **(env or {})},
-        cwd=ROOT,
-    )
-    return float(out.stdout)
-
-
-def _measure(seconds: float, env: dict[str, str] | None, module: str) -> tuple[list[Row], float, float]:
-    """Rows, completions/s of the plain-number /grade row, and the bare single-process rate."""
+def _measure(seconds: float, env: dict[str, str] | None, module: str, grader: Grader) -> tuple[list[Row], float, float]:
+    """Rows, completions/s of the plain-number /grade row, and the bare rate of ``grader`` (the version's own
+    ``math``): completions/s in this one process on completions like that row's, once the server has stopped."""
     with tempfile.TemporaryDirectory() as tmp:
-        curriculum = write_curriculum(Path(tmp))
-        rows_file = [json.loads(line) for line in (Path(tmp) / "rows.jsonl").read_text().splitlines()]
+        curriculum, records = write_curriculum(Path(tmp))
         server = ServerProcess(
             [str(curriculum), "--state", str(Path(tmp) / "state.db"), "--log-level", "warning"],
             log=Path(tmp) / "server.log",
@@ -268,10 +246,12 @@ def _measure(seconds: float, env: dict[str, str] | None, module: str) -> tuple[l
             [source] = meta["sources"]
             # Sample ids are source:version:key, the key being the row's index.
             prefix = f"{source['name']}:{source['version']}:"
-            answers = {f"{prefix}{k}": r["answer"] for k, r in enumerate(rows_file)}
-            rows, pairs = asyncio.run(_run("127.0.0.1", server.port, seconds, answers))
-    plain = rows[2]
-    return rows, plain.per_second * GRADE_ITEMS, bare_rate(pairs, env)
+            answers = {f"{prefix}{k}": r["answer"] for k, r in enumerate(records)}
+            rows, plain, bare = asyncio.run(_run("127.0.0.1", server.port, seconds, answers))
+    # Untimed first: the old grader imports math_verify and sympy on its first call.
+    time_grader(grader, bare[:BARE_WARM_UP], math_grader.SECONDS)
+    verdicts, elapsed = time_grader(grader, bare, math_grader.SECONDS)
+    return rows, plain.per_second * GRADE_ITEMS, len(verdicts) / elapsed
 
 
 def run(seconds: float = 8.0, baseline: str | None = BASELINE) -> dict[str, Any]:
@@ -287,13 +267,17 @@ def run(seconds: float = 8.0, baseline: str | None = BASELINE) -> dict[str, Any]
             "baseline": baseline,
         }
     }
-    versions: list[tuple[str, dict[str, str] | None, str]] = [("now", None, "proctor.cli")]
+    # Each version's math grader is timed in this process: the baseline's is its builtin.py read from git, whose
+    # math needs only math_verify and grading.base (unchanged since), so it runs here as in its own checkout.
+    now = functools.partial(builtin.math, timeout_s=math_grader.TIMEOUT_S)
+    versions: list[tuple[str, dict[str, str] | None, str, Grader]] = [("now", None, "proctor.cli", now)]
     with contextlib.ExitStack() as stack:
         if baseline is not None:
             env, module = stack.enter_context(checkout(baseline))
-            versions.append(("before", env, module))
-        for label, env_, module_ in versions:
-            rows, completions, bare = _measure(seconds, env_, module_)
+            before, _ = math_grader.graders(baseline)
+            versions.append(("before", env, module, before))
+        for label, env_, module_, grader in versions:
+            rows, completions, bare = _measure(seconds, env_, module_, grader)
             results[label] = {
                 "rows": [asdict(r) for r in rows],
                 "grade_completions_per_s": completions,
@@ -330,9 +314,13 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    baseline = None if "--no-baseline" in args else BASELINE
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench server_load", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--no-baseline", action="store_true", help=f"measure this version alone, not commit {BASELINE} after it"
+    )
+    args = parser.parse_args(argv)
+    baseline = None if args.no_baseline else BASELINE
     if baseline is not None and not available(baseline):
         print(f"commit {BASELINE} is not in this clone (a shallow one?): measuring this version alone")
         baseline = None

@@ -1,10 +1,12 @@
-"""``ProctorClient`` against scripted ``httpx.MockTransport`` servers: routes, retries, backoff, errors, pickling."""
+"""``ProctorClient`` against scripted ``httpx.MockTransport`` servers (routes, retries, backoff, errors,
+pickling) and, where the server answers as it should, against a real one."""
 
 from __future__ import annotations
 
 import json
 import pickle
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
@@ -33,18 +35,6 @@ from proctor.server.protocol import (
 
 BASE = "http://proctor.test"
 
-META = {
-    "total_iterations": 30,
-    "stages": [{"name": "warm", "until_step": 10}, {"name": "main", "until_step": 30}],
-    "curriculum": "tiny",
-    "curriculum_hash": "c0ffee",
-    "seed": 5,
-    "sources": [{"name": "add", "kind": "arithmetic", "version": "v1", "size": None, "graders": ["numeric"]}],
-    "max_batch_size": 64,
-    "max_grade_items": 100,
-    "max_body_bytes": 65536,
-    "version": "0.1.0",
-}
 SAMPLES = {
     "samples": [
         {
@@ -132,22 +122,13 @@ def fail(exc_type: type[httpx.TransportError]) -> Step:
 
 
 class Script:
-    """A MockTransport handler that plays its steps in order (the last one forever) and records each request.
+    """A MockTransport handler that plays its steps in order (the last one forever) and records each request."""
 
-    With ``meta``, ``GET /meta`` is answered with ``META`` off the script (``meta_calls`` counts them): the
-    client reads the server's limits from it once, before its first ``/grade``.
-    """
-
-    def __init__(self, *steps: Step, meta: bool = False) -> None:
+    def __init__(self, *steps: Step) -> None:
         self.steps = list(steps)
         self.requests: list[httpx.Request] = []
-        self.meta = meta
-        self.meta_calls = 0
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
-        if self.meta and request.url.path == "/meta":
-            self.meta_calls += 1
-            return httpx.Response(200, json=META)
         self.requests.append(request)
         step = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
         return step(request)
@@ -175,13 +156,18 @@ def delays() -> list[float]:
 
 
 @pytest.fixture
-def connect(delays: list[float]) -> Iterator[Callable[..., ProctorClient]]:
-    """``connect(script, **kwargs)``: a client whose transport is the script and whose sleeps are recorded."""
+def connect(
+    delays: list[float], with_meta: Callable[[Script], httpx.MockTransport]
+) -> Iterator[Callable[..., ProctorClient]]:
+    """``connect(script, meta=False, **kwargs)``: a client whose transport is the script and whose sleeps are
+    recorded. With ``meta``, ``GET /meta`` is answered off the script (the client reads the server's limits
+    from it before its first ``/grade``), so the script sees only the requests under test."""
     clients: list[ProctorClient] = []
 
-    def make(script: Script, **kwargs: Any) -> ProctorClient:
+    def make(script: Script, *, meta: bool = False, **kwargs: Any) -> ProctorClient:
         kwargs.setdefault("backoff", 0.25)
-        client = ProctorClient(BASE, transport=httpx.MockTransport(script), sleep=delays.append, **kwargs)
+        transport = with_meta(script) if meta else httpx.MockTransport(script)
+        client = ProctorClient(BASE, transport=transport, sleep=delays.append, **kwargs)
         clients.append(client)
         return client
 
@@ -200,7 +186,6 @@ INDEXED = [GradeItem(sample_id="add:0123456789:0", completion="2", completion_in
 
 ROUTES = [
     # (call, method, path, body sent (None: no body), answer, model)
-    pytest.param(lambda c: c.meta(), "GET", "/meta", None, META | {"seed": 6}, Meta, id="meta"),
     pytest.param(
         lambda c: c.sample(3, 2),
         "POST",
@@ -262,8 +247,8 @@ def test_each_method_hits_its_route_and_returns_the_typed_model(
     payload: dict[str, Any],
     model: type[pydantic.BaseModel],
 ) -> None:
-    script = Script(answer(200, payload), meta=path == "/grade")
-    result = call(connect(script))
+    script = Script(answer(200, payload))
+    result = call(connect(script, meta=path == "/grade"))
 
     assert type(result) is model
     assert result == model.model_validate(payload)
@@ -277,26 +262,51 @@ def test_each_method_hits_its_route_and_returns_the_typed_model(
         assert json.loads(request.content) == sent
 
 
-def test_a_grade_beyond_the_servers_limits_is_sent_in_parts(connect: Callable[..., ProctorClient]) -> None:
-    def echo(request: httpx.Request) -> httpx.Response:
-        items = json.loads(request.content)["items"]
-        return httpx.Response(200, json={"results": [{**i, "reward": float(i["completion_index"])} for i in items]})
+def test_meta_hits_its_route_and_returns_the_typed_model(
+    connect: Callable[..., ProctorClient], meta: dict[str, Any]
+) -> None:
+    # Apart from ROUTES, whose table is built at import: its answer is the shared ``meta`` fixture.
+    script = Script(answer(200, meta))
+    result = connect(script).meta()
 
-    script = Script(echo, meta=True)
-    client = connect(script)
-    # META allows 100 items and 65,536 bytes per request: 250 short items take 3 requests, in order.
-    many = [GradeItem(sample_id="add:0123456789:0", completion="2", completion_index=k) for k in range(250)]
-    results = client.grade(many, iteration=4).results
-    assert [r.completion_index for r in results] == list(range(250))
-    assert [len(json.loads(r.content)["items"]) for r in script.requests] == [100, 100, 50]
-    assert all(json.loads(r.content)["iteration"] == 4 for r in script.requests)
-    # 20 completions of 10,000 characters: by bytes, 6 per request at most.
-    script.requests.clear()
-    long = [GradeItem(sample_id="add:0123456789:1", completion="x" * 10_000, completion_index=k) for k in range(20)]
-    assert [r.completion_index for r in client.grade(long).results] == list(range(20))
-    sizes = [len(r.content) for r in script.requests]
-    assert len(sizes) == 4 and max(sizes) <= 65_536
-    assert script.meta_calls == 1  # read once, on the first /grade
+    assert type(result) is Meta
+    assert result == Meta.model_validate(meta)
+    [request] = script.requests
+    assert request.method == "GET"
+    assert request.url == f"{BASE}/meta"
+    assert request.content == b""
+
+
+def test_a_grade_beyond_the_servers_limits_is_sent_in_parts(
+    live_server: Callable[..., AbstractContextManager[str]],
+    recording: httpx.BaseTransport,
+    sent: list[httpx.Request],
+) -> None:
+    # The server takes at most 100 items and 65,536 bytes per /grade (and refuses more).
+    limits = {"max_grade_items": 100, "max_body_bytes": 65536}
+    with live_server(**limits) as url, ProctorClient(url, transport=recording) as client:
+        first, second = client.sample(4, 2).samples
+        right = int(eval(first.metadata["expression"]))
+        # Every third completion right, so each result's reward shows which completion it was matched to.
+        many = [
+            GradeItem(sample_id=first.sample_id, completion=str(right if k % 3 == 0 else right + 1), completion_index=k)
+            for k in range(250)
+        ]
+        results = client.grade(many, iteration=4).results
+        # 250 short items take 3 requests, in order.
+        parts = [json.loads(r.content) for r in sent if r.url.path == "/grade"]
+        assert [r.completion_index for r in results] == list(range(250))
+        assert [r.reward for r in results] == [float(k % 3 == 0) for k in range(250)]
+        assert [len(p["items"]) for p in parts] == [100, 100, 50]
+        assert [i["completion_index"] for p in parts for i in p["items"]] == list(range(250))
+        assert all(p["iteration"] == 4 for p in parts)
+        # 20 completions of 10,000 characters: by bytes, 6 per request at most.
+        already = len(sent)
+        long = [GradeItem(sample_id=second.sample_id, completion="x" * 10_000, completion_index=k) for k in range(20)]
+        assert [r.completion_index for r in client.grade(long).results] == list(range(20))
+        sizes = [len(r.content) for r in sent[already:] if r.url.path == "/grade"]
+        assert len(sizes) == 4 and max(sizes) <= 65_536
+    assert [r.url.path for r in sent].count("/meta") == 1  # read once, on the first /grade
 
 
 def test_sample_results_keep_their_fields(connect: Callable[..., ProctorClient]) -> None:
@@ -334,9 +344,9 @@ def test_a_bad_sample_request_is_refused_before_sending(
     ],
 )
 def test_the_bearer_token_is_sent_only_with_an_api_key(
-    connect: Callable[..., ProctorClient], api_key: str | None, expected: str | None
+    connect: Callable[..., ProctorClient], meta: dict[str, Any], api_key: str | None, expected: str | None
 ) -> None:
-    script = Script(answer(200, META), answer(200, SAMPLES))
+    script = Script(answer(200, meta), answer(200, SAMPLES))
     client = connect(script, api_key=api_key)
     client.meta()
     client.sample(0, 2)
@@ -395,10 +405,8 @@ def test_transport_errors_past_the_retries_raise_transport_error(
 def test_retryable_statuses_are_retried_until_an_answer(
     connect: Callable[..., ProctorClient], delays: list[float], status: int
 ) -> None:
-    script = Script(
-        answer(status, {"detail": "busy"}), answer(status, {"detail": "busy"}), answer(200, GRADES), meta=True
-    )
-    results = connect(script, retries=2).grade(ITEMS, iteration=0)
+    script = Script(answer(status, {"detail": "busy"}), answer(status, {"detail": "busy"}), answer(200, GRADES))
+    results = connect(script, meta=True, retries=2).grade(ITEMS, iteration=0)
 
     assert results == GradeResponse.model_validate(GRADES)
     assert script.attempts == 3
@@ -574,13 +582,18 @@ def test_no_delay_exceeds_max_backoff(connect: Callable[..., ProctorClient], del
     ],
 )
 def test_retry_after_is_honoured_and_capped(
-    connect: Callable[..., ProctorClient], delays: list[float], status: int, retry_after: str, expected: float
+    connect: Callable[..., ProctorClient],
+    delays: list[float],
+    meta: dict[str, Any],
+    status: int,
+    retry_after: str,
+    expected: float,
 ) -> None:
-    script = Script(answer(status, {"detail": "later"}, headers={"Retry-After": retry_after}), answer(200, META))
+    script = Script(answer(status, {"detail": "later"}, headers={"Retry-After": retry_after}), answer(200, meta))
     client = connect(script, retries=1, backoff=0.25, max_backoff=8.0)
     client._rng = FixedJitter(0.5)  # type: ignore[assignment]
 
-    assert client.meta() == Meta.model_validate(META)
+    assert client.meta() == Meta.model_validate(meta)
     assert delays == [expected]
     assert script.attempts == 2
 

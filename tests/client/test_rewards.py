@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,27 +13,16 @@ import pytest
 
 from proctor.client import ProctorClient, ServerFailure, remote_reward
 
-
-def with_meta(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.MockTransport:
-    """A transport that answers ``GET /meta`` (the client reads its limits before the first /grade)."""
-    meta = {
-        "total_iterations": 30,
-        "stages": [{"name": "s", "until_step": 30}],
-        "curriculum": "c",
-        "curriculum_hash": "0",
-        "seed": 0,
-        "sources": [],
-        "max_batch_size": 64,
-        "max_grade_items": 4096,
-        "max_body_bytes": 4 << 20,
-        "version": "0",
-    }
-    return httpx.MockTransport(lambda r: httpx.Response(200, json=meta) if r.url.path == "/meta" else handler(r))
+# The ``with_meta`` fixture (tests/client/conftest.py): a scripted /grade behind a transport that answers /meta.
+WithMeta = Callable[[Callable[[httpx.Request], httpx.Response]], httpx.MockTransport]
 
 
 @pytest.fixture
-def client(live_server: Callable[..., AbstractContextManager[str]]) -> Iterator[ProctorClient]:
-    with live_server() as url, ProctorClient(url) as c:
+def client(
+    live_server: Callable[..., AbstractContextManager[str]], recording: httpx.BaseTransport
+) -> Iterator[ProctorClient]:
+    """A client of a real server on the tiny curriculum; what it sends is kept in ``sent``."""
+    with live_server() as url, ProctorClient(url, transport=recording) as c:
         yield c
 
 
@@ -67,7 +57,7 @@ def test_rewards_follow_the_completions(client: ProctorClient) -> None:
     assert reward.__name__ == "proctor_reward"
 
 
-def test_conversational_completions_and_token_counts() -> None:
+def test_conversational_completions_and_token_counts(with_meta: WithMeta) -> None:
     sent: dict[str, Any] = {}
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -103,7 +93,7 @@ def test_conversational_completions_and_token_counts() -> None:
     assert [(i["completion"], i["completion_tokens"]) for i in sent["items"]] == [("four", 3), ("4", 1)]
 
 
-def test_results_are_matched_by_key_not_position() -> None:
+def test_results_are_matched_by_key_not_position(with_meta: WithMeta) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         items = json.loads(request.content)["items"]
         results = [
@@ -129,33 +119,37 @@ def test_results_are_matched_by_key_not_position() -> None:
     assert rewards == [0.0, 1.0, 2.0]
 
 
-def test_a_record_in_two_slots_is_two_prompts() -> None:
-    # A source smaller than the batch serves one record twice: the same sample_id and completion_index under
-    # two slots, each graded and matched on its own.
-    sent: list[dict[str, Any]] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        items = json.loads(request.content)["items"]
-        sent.extend(items)
-        return httpx.Response(
-            200, json={"results": [{**i, "reward": float(i["slot"] * 10 + i["completion_index"])} for i in items]}
-        )
-
-    client = ProctorClient("http://proctor.test", transport=with_meta(handler))
+def test_a_record_in_two_slots_is_two_prompts(
+    client: ProctorClient, curriculum_file: Path, sent: list[httpx.Request]
+) -> None:
+    # Iteration 10 is in stage `main`: 12 of its 16 prompts come from the 6-row `qa` source, so a record is
+    # served twice: the same sample_id and completion_index under two slots, each graded and matched on its own.
+    samples = client.sample(10, 16).samples
+    slots: dict[str, list[int]] = {}
+    for s in samples:
+        slots.setdefault(s.sample_id, []).append(s.slot)
+    sid, (first, second, *_) = next((k, v) for k, v in slots.items() if len(v) > 1)
+    prompt = next(s.prompt for s in samples if s.sample_id == sid)
+    qa = [json.loads(line) for line in (curriculum_file.parent / "qa.jsonl").read_text().splitlines()]
+    right = next(row["a"] for row in qa if row["q"] == prompt)
+    already = len(sent)
     rewards = remote_reward(client)(
-        prompts=["p"] * 4,
-        completions=["a", "b", "c", "d"],
-        sample_id=["s:0123456789:1"] * 4,
-        slot=[0, 0, 1, 1],
+        prompts=[prompt] * 4,
+        completions=[right, "wrong", "wrong", right],
+        sample_id=[sid] * 4,
+        slot=[first, first, second, second],
         completion_index=[0, 1, 0, 1],
-        iteration=[3] * 4,
+        iteration=[10] * 4,
     )
-    assert rewards == [0.0, 1.0, 10.0, 11.0]
-    assert [(i["slot"], i["completion_index"]) for i in sent] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert rewards == [1.0, 0.0, 0.0, 1.0]
+    items = [i for r in sent[already:] if r.url.path == "/grade" for i in json.loads(r.content)["items"]]
+    assert [(i["slot"], i["completion_index"]) for i in items] == [(first, 0), (first, 1), (second, 0), (second, 1)]
 
 
 @pytest.mark.parametrize(("on_error", "expected"), [("skip", [None, 1.0]), ("server", [-1.0, 1.0])])
-def test_a_grading_error_is_never_an_invented_reward(on_error: Any, expected: list[float | None]) -> None:
+def test_a_grading_error_is_never_an_invented_reward(
+    on_error: Any, expected: list[float | None], with_meta: WithMeta
+) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(
             200,
@@ -193,7 +187,7 @@ ONE_ROW: dict[str, list[Any]] = {
 }
 
 
-def test_a_failing_grade_raises_after_the_retries() -> None:
+def test_a_failing_grade_raises_after_the_retries(with_meta: WithMeta) -> None:
     attempts: list[int] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -206,7 +200,7 @@ def test_a_failing_grade_raises_after_the_retries() -> None:
     assert len(attempts) == 3
 
 
-def test_a_missing_result_is_an_error_not_a_zero() -> None:
+def test_a_missing_result_is_an_error_not_a_zero(with_meta: WithMeta) -> None:
     client = ProctorClient(
         "http://proctor.test", transport=with_meta(lambda r: httpx.Response(200, json={"results": []}))
     )

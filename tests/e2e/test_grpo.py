@@ -235,8 +235,7 @@ def test_a_source_smaller_than_a_few_batches_trains(
     for call in result["calls"]:
         assert call["slot"] == [0, 0, 1, 1, 2, 2]
         assert call["completion_index"] == [0, 1] * 3
-        if rows >= 3:
-            assert len(set(call["sample_id"])) == 3  # no record twice in a batch while the source has enough
+    # A record twice in a batch only when the source has fewer records than the batch has slots.
     repeated = [c for c in result["calls"] if len(set(c["sample_id"])) < 3]
     assert (len(repeated) == 8) if rows == 2 else not repeated
     assert state["stages"][0]["graded"] == 8 * 6  # every completion of every slot graded once

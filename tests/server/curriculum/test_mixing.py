@@ -246,12 +246,6 @@ def test_no_duplicate_inside_an_epoch_when_batches_tile_it(
         assert sorted(served[e * n : (e + 1) * n]) == list(range(n))
 
 
-def raw_stream(mixer: Mixer, source: str, size: int, positions: range) -> list[int]:
-    """The source's stream before any repair: epoch ``p // size`` of the permutation, one record per batch."""
-    one = Mixer(mixer.curriculum)
-    return [one.draw(p, 1, single_stage())[0][1] for p in positions] if size else []
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(1, 40), batch_size=st.integers(1, 48), iterations=st.integers(1, 30), offset=st.integers(0, 10**12)
@@ -282,7 +276,10 @@ def test_a_batch_takes_the_next_entries_of_the_stream_repairing_only_an_epoch_bo
     finite: Callable[[int], Curriculum], n: int, batch_size: int, iterations: int
 ) -> None:
     cur = finite(n)
-    stream = raw_stream(Mixer(cur), "x", n, range(batch_size * iterations))
+    # The source's stream before any repair: a batch of one never holds a record twice, so iteration p of
+    # batch size 1 is position p of the stream (epoch p // n of the permutation), untouched.
+    single = Mixer(cur)
+    stream = [single.draw(p, 1, single_stage())[0][1] for p in range(batch_size * iterations)]
     mixer = Mixer(cur)
     for i in range(iterations):
         batch = sorted(key for _, key in mixer.draw(i, batch_size, single_stage()))

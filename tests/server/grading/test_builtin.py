@@ -296,8 +296,7 @@ def _spy_parse_timeouts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 @pytest.mark.usefixtures("no_real_timer")
 def test_math_passes_its_timeout_to_math_verify_on_the_main_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Not a plain number (those never reach math_verify), and a reference no other test uses: math parses
-    # each reference once per process.
+    # Not a plain number: those never reach math_verify.
     seen = _spy_parse_timeouts(monkeypatch)
     assert math(sample("\\boxed{\\sqrt{43}}", "\\sqrt{43}"), timeout_s=2.5) == 1.0
     assert seen == [3, 3]  # signal.alarm takes whole seconds

@@ -202,7 +202,6 @@ def test_case_ids_are_unique() -> None:
 
 
 def test_the_fallback_parses_with_these_configs(parse_calls: list[tuple[str, dict[str, Any]]]) -> None:
-    # A reference only this test uses, so it is parsed here rather than taken from the cache.
     assert math(sample("\\boxed{\\sqrt{53}}", "\\sqrt{53}")) == 1.0
     # The reference (wrapped in \\boxed{}: it has no delimiter), then the response.
     assert [text for text, _ in parse_calls] == ["\\boxed{\\sqrt{53}}", "\\boxed{\\sqrt{53}}"]
@@ -306,7 +305,7 @@ def test_property_plain_number_pairs_get_the_verdict_math_verify_gives(data: st.
 
 # --- the reference cache ----------------------------------------------------------------------------------
 
-_CACHED_REFERENCE = "\\frac{\\sqrt{3}}{2}"  # no other test uses it, so its first parse happens in this test
+_CACHED_REFERENCE = "\\frac{\\sqrt{3}}{2}"
 _COMPLETIONS = [
     "$\\boxed{\\frac{\\sqrt{3}}{2}}$",
     "\\boxed{\\frac{1}{2}}",
