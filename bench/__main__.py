@@ -1,6 +1,7 @@
 """``python -m bench [NAME [FLAG ...] ...]``: the benchmarks, one after the other, each printing its table.
 
-Names: math_grader, server_load, event_loop, memory_soak, trainer_overhead, batching, grpo_step (default: all).
+Names: math_grader, server_load, event_loop, memory_soak, dock_throughput, grading_roles, trainer_overhead,
+batching, grpo_step (default: all).
 The flags after a name, up to the next name, are that benchmark's own (``python -m bench memory_soak --quick
 server_load --no-baseline``). Run with the others (no name given), memory_soak soaks at a smaller size (see
 bench/memory_soak.py).
@@ -12,9 +13,19 @@ import itertools
 import sys
 from collections.abc import Sequence
 
-from bench import event_loop, math_grader, memory_soak, server_load
+from bench import dock_throughput, event_loop, math_grader, memory_soak, server_load
 
-NAMES = ("math_grader", "server_load", "event_loop", "memory_soak", "trainer_overhead", "batching", "grpo_step")
+NAMES = (
+    "math_grader",
+    "server_load",
+    "event_loop",
+    "memory_soak",
+    "dock_throughput",
+    "grading_roles",
+    "trainer_overhead",
+    "batching",
+    "grpo_step",
+)
 # Their main() reads no command line, so a flag after one of these names would be silently dropped.
 FLAGLESS = ("math_grader", "event_loop", "trainer_overhead", "batching")
 
@@ -42,6 +53,12 @@ def main(args: Sequence[str]) -> None:
     if not only or "memory_soak" in only:
         # Named, it runs the full size (or its flags); in the all-benchmarks run, a smaller one.
         memory_soak.main(flags_after("memory_soak", args) if only else memory_soak.ALL_BENCHMARKS_ARGS)
+    if not only or "dock_throughput" in only:
+        dock_throughput.main(flags_after("dock_throughput", args))
+    if not only or "grading_roles" in only:
+        from bench import grading_roles  # its overlap part needs the `train` extra
+
+        grading_roles.main(flags_after("grading_roles", args))
     # Imported when run: these need the `train` extra (torch, TRL), the server benchmarks do not.
     if not only or "trainer_overhead" in only:
         from bench import trainer_overhead

@@ -139,7 +139,8 @@ def run() -> tuple[list[Run], dict[str, object]]:
                 remote = RemoteRLDataset(client, config, processing_class=AutoTokenizer.from_pretrained(model))
                 # The transform is the only place a step can wait for the server's prompts: time it.
                 remote.set_transform(_timed(remote.fetcher, fetch_ms))
-                steps = _train(model, config, remote, _timed(remote_reward(client, dataset=remote), reward_ms))
+                reward = remote_reward(client, dataset=remote, through="grade")  # the table's /grade path
+                steps = _train(model, config, remote, _timed(reward, reward_ms))
                 remote.close()
                 runs.append(Run("RemoteRLDataset + remote_reward", steps, reward_ms[WARMUP:], fetch_ms))
             server_grade_ms = _server_mean_ms(server.url, "/grade")

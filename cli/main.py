@@ -1,7 +1,9 @@
-"""The ``proctor`` command: parses ``serve | validate | preview | train | demo`` and dispatches each.
+"""The ``proctor`` command: parses ``serve | validate | preview | grade-worker | export | train | demo`` and
+dispatches each.
 
-The dataserver's subcommands (``proctor.cli.dataserver``) need the ``server`` extra; ``train`` and ``demo`` need
-the ``train`` extra (torch, TRL) and are imported only when asked for.
+The dataserver's subcommands (``proctor.cli.dataserver``) and ``grade-worker`` need the ``server`` extra;
+``export`` needs pyarrow for parquet; ``train`` and ``demo`` need the ``train`` extra (torch, TRL). Each is
+imported only when asked for.
 """
 
 from __future__ import annotations
@@ -21,6 +23,18 @@ def _demo(args: argparse.Namespace) -> int:
     from proctor.cli.demo import demo
 
     return demo(steps=args.steps)
+
+
+def _grade_worker(args: argparse.Namespace) -> int:
+    from proctor.cli.grade_worker import grade_worker
+
+    return grade_worker(args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from proctor.cli.export import export
+
+    return export(args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +66,29 @@ def _parser() -> argparse.ArgumentParser:
     preview_p.add_argument("--steps", default=":", help="START:STOP (default: the whole curriculum)")
     preview_p.add_argument("--batch-size", type=int, default=8, help="batch size used to draw the sample prompts")
     preview_p.set_defaults(run=preview)
+
+    worker_p = sub.add_parser("grade-worker", help="grade a dataserver's completions on this machine")
+    worker_p.add_argument("--server", required=True, help="the dataserver's URL, e.g. http://10.0.0.5:8000")
+    worker_p.add_argument("--workers", type=int, help="grader processes (default: one per core)")
+    worker_p.add_argument("--api-key", help="the server's API key (default: env PROCTOR_API_KEY)")
+    worker_p.add_argument("--rows-per-dispatch", type=int, default=256, help="rows claimed at a time (default 256)")
+    worker_p.add_argument(
+        "--connect-timeout-s", type=float, default=60.0, help="how long to wait for the server at start (default 60)"
+    )
+    worker_p.add_argument(
+        "--lease-s", type=float, default=30.0, help="lease on claimed rows, renewed while grading (default 30)"
+    )
+    worker_p.add_argument("--exit-when-idle-s", type=float, help="stop after this long without a row to grade")
+    worker_p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    worker_p.set_defaults(run=_grade_worker)
+
+    export_p = sub.add_parser("export", help="write a dataserver's kept rollouts to parquet or JSON lines")
+    export_p.add_argument("out", type=Path, help="the file to write")
+    export_p.add_argument("--server", default="http://127.0.0.1:8000", help="the dataserver's URL")
+    export_p.add_argument("--iterations", default=":", help="START:STOP, STOP excluded (default: every table kept)")
+    export_p.add_argument("--format", choices=["parquet", "jsonl"], help="default: from OUT's suffix")
+    export_p.add_argument("--api-key", help="the server's API key (default: env PROCTOR_API_KEY)")
+    export_p.set_defaults(run=_export)
 
     # The trainer side needs the `train` extra (torch, TRL); it is imported only when asked for, and
     # parses its own options (main() hands them over before this parser sees them).

@@ -1,8 +1,9 @@
 """The trainer side of proctor: the dataserver client and the TRL integration.
 
 ``ProctorClient`` and its errors need only httpx and pydantic. ``RemoteRLDataset`` needs the ``train``
-extra (``datasets``); it is imported on first use, so that the client works in a server-only install, and so is
-``DockClient`` (the experience store's client, which needs numpy).
+extra (``datasets``); it is imported on first use, so that the client works in a server-only install, and so
+are ``DockClient`` (the experience store's client), ``remote_reward`` and ``export_rollouts``, which need
+numpy (and pyarrow, for a parquet export).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from proctor.client.errors import (
     Unauthorized,
 )
 from proctor.client.http import ProctorClient
-from proctor.client.rewards import remote_reward
 
 if TYPE_CHECKING:
     from proctor.client.dataset import GenerationLayout, RemoteRLDataset
     from proctor.client.dock import DockClient
+    from proctor.client.export import export_rollouts
+    from proctor.client.rewards import RemoteReward, remote_reward
 
 __all__ = [
     "Conflict",
@@ -34,11 +36,13 @@ __all__ = [
     "NotReadyError",
     "ProctorClient",
     "RemoteRLDataset",
+    "RemoteReward",
     "RequestRejected",
     "ServerError",
     "ServerFailure",
     "TransportError",
     "Unauthorized",
+    "export_rollouts",
     "remote_reward",
 ]
 
@@ -52,4 +56,12 @@ def __getattr__(name: str) -> Any:
         from proctor.client.dock import DockClient
 
         return DockClient
+    if name in ("RemoteReward", "remote_reward"):
+        from proctor.client import rewards
+
+        return getattr(rewards, name)
+    if name == "export_rollouts":
+        from proctor.client.export import export_rollouts
+
+        return export_rollouts
     raise AttributeError(f"module 'proctor.client' has no attribute {name!r}")

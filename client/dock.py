@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from proctor.client.errors import DataserverError, ServerError
 from proctor.client.http import ProctorClient
 from proctor.dock import wire as dw
-from proctor.dock.dock import Consumer, Consumption, Dispatch, RowKey, TableInfo
+from proctor.dock.dock import Collected, Consumer, Consumption, Dispatch, RowKey, TableInfo
 from proctor.dock.errors import DockError, DockInputError, error_class
 from proctor.dock.values import Value, as_stored
 
@@ -100,8 +100,15 @@ class DockClient:
             )
             self._send("POST", f"/dock/tables/{iteration}/rows", body)
 
-    def read(self, iteration: int, rows: Sequence[RowKey], columns: Sequence[str]) -> dict[str, list[Value]]:
-        body = _request(dw.ReadRequest, rows=list(rows), columns=list(columns))
+    def read(
+        self,
+        iteration: int,
+        rows: Sequence[RowKey],
+        columns: Sequence[str],
+        *,
+        missing: Literal["error", "none"] = "error",
+    ) -> dict[str, list[Value]]:
+        body = _request(dw.ReadRequest, rows=list(rows), columns=list(columns), missing=missing)
         return dw.columns_from_wire(self._call("POST", f"/dock/tables/{iteration}/read", dw.ReadBody, body).columns)
 
     # --- consuming ------------------------------------------------------------------------------------------
@@ -130,9 +137,10 @@ class DockClient:
         )
         return self._call("POST", f"/dock/consumers/{_segment(consumer)}/dispatch", dw.DispatchBody, body).dispatch()
 
-    def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> None:
+    def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> Collected:
         body = _request(dw.CollectRequest, columns=dw.columns_to_wire(as_stored(columns)))
-        self._send("POST", f"/dock/leases/{_segment(lease)}/collect", body)
+        path = f"/dock/leases/{_segment(lease)}/collect"
+        return self._call("POST", path, dw.CollectedBody, body).collected()
 
     def renew(self, lease: str, lease_s: float = 60.0) -> float:
         body = _request(dw.RenewRequest, lease_s=lease_s)

@@ -31,6 +31,7 @@ from proctor.server.protocol import (
     GradeRequest,
     GradeResponse,
     GradeResult,
+    Graders,
     Health,
     Meta,
     SampleRequest,
@@ -137,6 +138,10 @@ class ProctorClient:
             size += item_size
         if part or not items:
             yield GradeRequest(iteration=iteration, items=part)
+
+    def graders(self) -> Graders:
+        """Each source's graders as the server resolved them (what ``proctor grade-worker`` runs)."""
+        return self._call("GET", "/graders", Graders)
 
     def curriculum(self) -> CurriculumState:
         """The live curriculum state: current stage, transitions, per-stage statistics."""

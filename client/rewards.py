@@ -1,29 +1,46 @@
 """``remote_reward``: a ``GRPOTrainer`` reward function that grades on the dataserver.
 
 TRL calls a reward function once per generation batch with this process's completions and the dataset's
-columns as keyword lists. This one posts them to ``/grade``, one request per generation step (one in all,
-since a generation batch is one step), and returns the rewards matched by ``(slot, completion_index)``: a
-record that a small source had to serve twice in one step is two prompts, each graded on its own. It never
-invents a reward: a failed ``/grade`` raises (after the client's retries), and a completion whose grading
-failed on the server becomes ``None``, which TRL leaves out of the advantage, unless ``on_error="server"``
-asks for the source's ``on_error`` reward instead.
+columns as keyword lists. Rewards are matched by ``(slot, completion_index)``: a record that a small source
+had to serve twice in one step is two prompts, each graded on its own. It never invents a reward: a failed
+call raises (after the client's retries), and a completion whose grading failed on the server becomes
+``None``, which TRL leaves out of the advantage, unless ``on_error="server"`` asks for the source's
+``on_error`` reward instead.
+
+Two ways to the graders:
+
+- **through the experience store** (with ``dataset``, the default then): the completions are written to
+  the step's table as soon as generation ends (:class:`~proctor.client.ProctorGRPOTrainer` calls
+  :meth:`RemoteReward.post`; under a stock ``GRPOTrainer`` the reward call posts them itself), the grader
+  role grades them meanwhile, and the reward call collects the rewards. TRL computes the old-policy and
+  reference log-probs between the two, so grading overlaps those passes.
+- **through ``/grade``**: one request per generation step, answered when every completion is graded.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
+from proctor.client.dock import DockClient
 from proctor.client.http import ProctorClient
-from proctor.server.protocol import GradeItem, GradeResult
+from proctor.dock import RowKey
+from proctor.dock import columns as col
+from proctor.server.protocol import GradeItem
 
 if TYPE_CHECKING:
     from proctor.client.dataset import RemoteRLDataset
 
-__all__ = ["remote_reward"]
+__all__ = ["RemoteReward", "remote_reward"]
 
-RewardFn = Callable[..., list[float | None]]
+_POLL_S = (0.005, 0.05)  # first and longest wait between reads of rewards not yet written
+
+# One completion's reward, the score of each grader that gave one, and the failure, if any.
+_Grade = tuple[float, Mapping[str, float], str | None]
 
 
 def remote_reward(
@@ -31,24 +48,152 @@ def remote_reward(
     *,
     on_error: Literal["skip", "server"] = "skip",
     dataset: RemoteRLDataset | None = None,
-) -> RewardFn:
-    """A reward function for ``GRPOTrainer(reward_funcs=...)`` backed by the dataserver's ``/grade``.
+    through: Literal["store", "grade"] | None = None,
+    timeout_s: float = 600.0,
+) -> RemoteReward:
+    """A reward function for ``GRPOTrainer(reward_funcs=...)`` backed by the dataserver's graders.
 
-    With ``dataset`` (the run's :class:`~proctor.client.RemoteRLDataset`), the prompts of the next steps are
-    fetched while the server grades this one: the trainer is waiting then anyway, whereas a prefetch during
-    generation competes with it for the interpreter.
+    ``through`` picks the way: ``"store"`` (the default with ``dataset``, which it needs for the step's
+    layout) or ``"grade"`` (the default without). With ``dataset`` (the run's
+    :class:`~proctor.client.RemoteRLDataset`), the prompts of the next steps are fetched while the server
+    grades this one: the trainer is waiting then anyway, whereas a prefetch during generation competes with
+    it for the interpreter. ``timeout_s`` bounds the wait for the store's rewards.
 
     Needs the ``sample_id``, ``slot``, ``completion_index`` and ``iteration`` columns that
     :class:`~proctor.client.RemoteRLDataset` provides. Logs each grader's mean (``proctor/<grader>``), the
     number of failed gradings (``proctor/grading_errors``) and the generation step (``proctor/iteration``)
     through TRL's ``log_metric``.
     """
-    if on_error not in ("skip", "server"):
-        raise ValueError(f"on_error must be 'skip' or 'server', got {on_error!r}")
-    if dataset is not None:
-        dataset.fetcher.prefetch = False  # prefetching moves here, next to the wait for /grade
+    return RemoteReward(client, on_error=on_error, dataset=dataset, through=through, timeout_s=timeout_s)
 
-    def proctor_reward(
+
+class RemoteReward:
+    """The reward function :func:`remote_reward` returns (see there)."""
+
+    __name__ = "proctor_reward"  # TRL names a reward function's metrics after it
+
+    def __init__(
+        self,
+        client: ProctorClient,
+        *,
+        on_error: Literal["skip", "server"] = "skip",
+        dataset: RemoteRLDataset | None = None,
+        through: Literal["store", "grade"] | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
+        if on_error not in ("skip", "server"):
+            raise ValueError(f"on_error must be 'skip' or 'server', got {on_error!r}")
+        through = through or ("store" if dataset is not None else "grade")
+        if through not in ("store", "grade"):
+            raise ValueError(f"through must be 'store' or 'grade', got {through!r}")
+        if through == "store" and dataset is None:
+            raise ValueError(
+                "remote_reward(through='store') needs dataset=, the run's RemoteRLDataset: it gives each step's "
+                "table its shape (prompts × num_generations)"
+            )
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.client = client
+        self.on_error = on_error
+        self.dataset = dataset
+        self.through = through
+        self.timeout_s = timeout_s
+        self.dock = DockClient(client=client)
+        self._opened: set[int] = set()
+        self._posted: dict[int, set[RowKey]] = defaultdict(set)
+        if dataset is not None:
+            dataset.fetcher.prefetch = False  # prefetching moves here, next to the wait for the graders
+
+    # --- the store's way ------------------------------------------------------------------------------------
+
+    def post(
+        self,
+        inputs: Sequence[Mapping[str, Any]],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        """Write this process's completions of a generation batch to their steps' tables, for the grader role.
+
+        ``inputs`` are TRL's rows (with the dataset's ``iteration``, ``slot`` and ``completion_index``). A
+        completion posted again is a no-op; a no-op too under ``through="grade"``.
+        """
+        if self.through != "store":
+            return
+        by_step: defaultdict[int, list[int]] = defaultdict(list)
+        for j, row in enumerate(inputs):
+            by_step[int(row["iteration"])].append(j)
+        for step, positions in by_step.items():
+            rows = [(int(inputs[j]["slot"]), int(inputs[j]["completion_index"])) for j in positions]
+            fresh = [n for n, row in enumerate(rows) if row not in self._posted[step]]
+            if not fresh:
+                continue
+            self._open(step)
+            columns: dict[str, list[Any]] = {
+                col.COMPLETION: [_text(completions[positions[n]]) for n in fresh],
+                col.COMPLETION_TOKENS: [
+                    None if completion_ids is None else len(completion_ids[positions[n]]) for n in fresh
+                ],
+            }
+            if completion_ids is not None:
+                columns[col.COMPLETION_IDS] = [np.asarray(completion_ids[positions[n]], np.int32) for n in fresh]
+            self.dock.put(step, [rows[n] for n in fresh], columns)
+            self._posted[step].update(rows[n] for n in fresh)
+        for step in [s for s in self._posted if s < max(by_step) - 8]:
+            del self._posted[step]  # old steps are never posted again: keep memory bounded
+
+    def _open(self, step: int) -> None:
+        if step in self._opened:
+            return
+        assert self.dataset is not None
+        layout = self.dataset.layout
+        self.dock.open(step, slots=layout.prompts_per_generation, group_size=layout.num_generations)
+        self._opened.add(step)
+        if len(self._opened) > 64:
+            self._opened.discard(min(self._opened))
+
+    def _collect(self, step: int, rows: Sequence[RowKey]) -> list[_Grade]:
+        """The grades of ``rows``, once the grader role has written them all."""
+        deadline = time.monotonic() + self.timeout_s
+        wait = _POLL_S[0]
+        names = (col.REWARD, col.REWARD_DETAIL)
+        while True:
+            values = self.dock.read(step, rows, names, missing="none")
+            if all(v is not None for v in values[col.REWARD]):
+                break
+            if time.monotonic() > deadline:
+                missing = sum(v is None for v in values[col.REWARD])
+                raise TimeoutError(
+                    f"{missing} of {len(rows)} completions of iteration {step} were not graded within "
+                    f"{self.timeout_s:g}s; is a grader role running (the server's grader processes, or "
+                    "`proctor grade-worker --server URL` when PROCTOR_GRADER_WORKERS=0)?"
+                )
+            time.sleep(wait)
+            wait = min(wait * 2, _POLL_S[1])
+        grades: list[_Grade] = []
+        for reward, detail in zip(values[col.REWARD], values[col.REWARD_DETAIL], strict=True):
+            d = detail if isinstance(detail, dict) else {}
+            grades.append((float(reward), d.get("components") or {}, d.get("error")))
+        return grades
+
+    # --- /grade's way ---------------------------------------------------------------------------------------
+
+    def _grade(self, step: int, items: Sequence[GradeItem]) -> list[_Grade]:
+        by_key = {(r.slot, r.completion_index): r for r in self.client.grade(items, iteration=step).results}
+        grades: list[_Grade] = []
+        for item in items:
+            r = by_key.get((item.slot, item.completion_index or 0))
+            if r is None:
+                raise RuntimeError(
+                    f"/grade returned no result for slot {item.slot} ({item.sample_id!r}), completion "
+                    f"{item.completion_index} of iteration {step}; the server and client disagree on the protocol"
+                )
+            grades.append((r.reward, r.components, r.error))
+        return grades
+
+    # --- TRL's call -----------------------------------------------------------------------------------------
+
+    def __call__(
+        self,
         prompts: Sequence[Any],
         completions: Sequence[Any],
         completion_ids: Sequence[Sequence[int]] | None = None,
@@ -65,52 +210,56 @@ def remote_reward(
                 "remote_reward needs the sample_id, slot, completion_index and iteration columns of each row; "
                 "train on a proctor.client.RemoteRLDataset"
             )
-        items = [
-            GradeItem(
-                sample_id=sid,
-                slot=int(slot[j]),
-                completion=_text(completion),
-                completion_tokens=len(completion_ids[j]) if completion_ids is not None else None,
-                completion_index=int(completion_index[j]),
-            )
-            for j, (sid, completion) in enumerate(zip(sample_id, completions, strict=True))
-        ]
-        by_step: defaultdict[int, list[GradeItem]] = defaultdict(list)
-        for item, step in zip(items, iteration, strict=True):
-            by_step[int(step)].append(item)
-        if dataset is not None:
-            dataset.fetcher.prefetch_after(max(by_step))
-        results: dict[tuple[int, int | None, int], GradeResult] = {}
-        for step, group in by_step.items():
-            for r in client.grade(group, iteration=step).results:
-                results[step, r.slot, r.completion_index] = r
+        by_step: defaultdict[int, list[int]] = defaultdict(list)
+        for j, step in enumerate(iteration):
+            by_step[int(step)].append(j)
+        if self.through == "store":
+            rows = [
+                {"iteration": iteration[j], "slot": slot[j], "completion_index": completion_index[j]}
+                for j in range(len(completions))
+            ]
+            self.post(rows, completions, completion_ids)  # a no-op for what the trainer posted already
+        if self.dataset is not None:
+            self.dataset.fetcher.prefetch_after(max(by_step))
+        grades: list[_Grade | None] = [None] * len(completions)
+        for step, positions in by_step.items():
+            if self.through == "store":
+                found = self._collect(step, [(int(slot[j]), int(completion_index[j])) for j in positions])
+            else:
+                items = [
+                    GradeItem(
+                        sample_id=sample_id[j],
+                        slot=int(slot[j]),
+                        completion=_text(completions[j]),
+                        completion_tokens=len(completion_ids[j]) if completion_ids is not None else None,
+                        completion_index=int(completion_index[j]),
+                    )
+                    for j in positions
+                ]
+                found = self._grade(step, items)
+            for j, got in zip(positions, found, strict=True):
+                grades[j] = got
 
         rewards: list[float | None] = []
         components: defaultdict[str, list[float]] = defaultdict(list)
         errors = 0
-        for item, step in zip(items, iteration, strict=True):
-            result = results.get((int(step), item.slot, item.completion_index or 0))
-            if result is None:
-                raise RuntimeError(
-                    f"/grade returned no result for slot {item.slot} ({item.sample_id!r}), completion "
-                    f"{item.completion_index} of iteration {step}; the server and client disagree on the protocol"
-                )
-            if result.error is not None:
+        for grade in grades:
+            assert grade is not None  # every position belongs to one step
+            reward, scores, error = grade
+            if error is not None:
                 errors += 1
-                rewards.append(result.reward if on_error == "server" else None)
+                rewards.append(reward if self.on_error == "server" else None)
             else:
-                rewards.append(result.reward)
-            for grader, score in result.components.items():
+                rewards.append(reward)
+            for grader, score in scores.items():
                 components[grader].append(score)
         if log_metric is not None:
-            for grader, scores in sorted(components.items()):
-                log_metric(f"proctor/{grader}", sum(scores) / len(scores))
+            for grader, values in sorted(components.items()):
+                log_metric(f"proctor/{grader}", sum(values) / len(values))
             log_metric("proctor/grading_errors", float(errors))
             if len(by_step) == 1:
                 log_metric("proctor/iteration", float(next(iter(by_step))))
         return rewards
-
-    return proctor_reward
 
 
 def _text(completion: Any) -> str:

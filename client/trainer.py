@@ -35,6 +35,7 @@ from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
 from proctor.batching.dynamic import plan_dynamic_batches
 from proctor.batching.lcm import chunk_slices, lcm
+from proctor.client.rewards import RemoteReward
 
 __all__ = ["BatchingLog", "ProctorGRPOConfig", "ProctorGRPOTrainer"]
 
@@ -172,6 +173,7 @@ class ProctorGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.batching_log = BatchingLog()
         self._no_grad_calls = 0
+        self._rollout_inputs: list[dict[str, Any]] | None = None
 
     # --- generation -----------------------------------------------------------------------------------------
 
@@ -206,7 +208,23 @@ class ProctorGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._no_grad_calls = 0  # tells the old-policy pass from the reference pass (see _pass_kind)
-        return super()._generate_and_score_completions(inputs)
+        self._rollout_inputs = inputs
+        try:
+            return super()._generate_and_score_completions(inputs)
+        finally:
+            self._rollout_inputs = None
+
+    def _generate(self, prompts: list[Any]) -> Any:
+        out = super()._generate(prompts)
+        # The completions go to the dataserver's graders now, so that grading overlaps the log-prob passes
+        # TRL runs before it asks for the rewards.
+        inputs = self._rollout_inputs
+        if inputs is not None and len(inputs) == len(prompts):
+            completion_ids, completions = out[1], out[3]
+            for reward in self.reward_funcs:
+                if isinstance(reward, RemoteReward):
+                    reward.post(inputs, completions, completion_ids)
+        return out
 
     def _pass_kind(self, model: Any) -> str:
         """``old`` or ``ref`` for a no-grad log-prob pass. TRL computes the old-policy pass first, and only

@@ -5,6 +5,7 @@ produce and consume it (``TransferDock``), in this process or behind the dataser
 from __future__ import annotations
 
 from proctor.dock.dock import (
+    Collected,
     Consumer,
     Consumption,
     Dispatch,
@@ -29,6 +30,7 @@ from proctor.dock.values import Value
 __all__ = [
     "CellConflictError",
     "CellsMissingError",
+    "Collected",
     "Consumer",
     "Consumption",
     "Dispatch",

@@ -43,7 +43,7 @@ from proctor.dock.errors import (
 from proctor.dock.persistence import DockTables, Lease, StoredTable
 from proctor.dock.values import Value, decode_cell, encode_cell
 
-__all__ = ["Consumer", "Consumption", "Dispatch", "DockLimits", "RowKey", "TableInfo", "TransferDock"]
+__all__ = ["Collected", "Consumer", "Consumption", "Dispatch", "DockLimits", "RowKey", "TableInfo", "TransferDock"]
 
 RowKey = tuple[int, int]
 """``(slot, index)``: a prompt's slot in the step's batch, and which of its completions."""
@@ -109,6 +109,15 @@ class Dispatch:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    """What a ``collect`` consumed: the lease's consumer, table and rows (in dispatch order)."""
+
+    consumer: str
+    iteration: int
+    rows: tuple[RowKey, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,18 +339,30 @@ class TransferDock:
                 self._store_cells(table, fresh)
             self._mark_written(table, fresh)
 
-    def read(self, iteration: int, rows: Sequence[RowKey], columns: Sequence[str]) -> dict[str, list[Value]]:
-        """The values of ``columns`` in ``rows``; never waits (cells not yet written are an error)."""
+    def read(
+        self,
+        iteration: int,
+        rows: Sequence[RowKey],
+        columns: Sequence[str],
+        *,
+        missing: Literal["error", "none"] = "error",
+    ) -> dict[str, list[Value]]:
+        """The values of ``columns`` in ``rows``; never waits. Cells not yet written are an error, or ``None``
+        with ``missing="none"``."""
+        if missing not in ("error", "none"):
+            raise DockInputError("missing", f"{missing!r} is not 'error' or 'none'")
         with self._lock:
             table = self._table(iteration)
             index = self._rows(table, rows)
             for n, name in enumerate(columns):
                 _check_name(f"columns[{n}]", name)
-                missing = ~table.peek(table.written, name)[index]
-                if missing.any():
-                    first = [_key(table, int(r)) for r in index[missing][:5]]
+                if missing == "none":
+                    continue
+                absent = ~table.peek(table.written, name)[index]
+                if absent.any():
+                    first = [_key(table, int(r)) for r in index[absent][:5]]
                     raise CellsMissingError(
-                        f"column {name!r} is not written in {int(missing.sum())} of the rows asked for "
+                        f"column {name!r} is not written in {int(absent.sum())} of the rows asked for "
                         f"(the first: {first}); read them once written, or dispatch them to wait for readiness"
                     )
             return self._values(table, index, columns)
@@ -414,7 +435,7 @@ class TransferDock:
         rows = [int(r) for r in index]
         for name in columns:
             cells = self._db.cells(table.info.iteration, name, rows)
-            out[name] = [decode_cell(cells[r]) for r in rows]
+            out[name] = [decode_cell(cell) if (cell := cells.get(r)) is not None else None for r in rows]
         return out
 
     # --- consuming ------------------------------------------------------------------------------------------
@@ -546,7 +567,7 @@ class TransferDock:
             )
         return lease
 
-    def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> None:
+    def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> Collected:
         """Write a consumer's results for the rows of ``lease`` (one value per row, in dispatch order) and mark
         them consumed. Collecting the same values again is a no-op; a lease that expired is refused."""
         with self._lock:
@@ -562,12 +583,13 @@ class TransferDock:
                 )
             table = self._table(held.iteration)
             fresh = self._fresh_cells(table, held.rows, columns)
+            collected = Collected(c.name, table.info.iteration, tuple(_key(table, int(r)) for r in held.rows))
             if held.state == "collected":  # a retry: the values it repeats were checked just above
                 if any(fresh.values()):
                     with self._db.transaction():
                         self._store_cells(table, fresh)
                     self._mark_written(table, fresh)
-                return
+                return collected
             # The results and the consumption in one transaction: a crash between them would leave rows whose
             # results are written but that are still leased, and then handed to another worker.
             with self._db.transaction():
@@ -579,6 +601,7 @@ class TransferDock:
             del self._live[lease]
             table.mask(table.consumed, c.name)[held.rows] = True
             table.mask(table.held, c.name)[held.rows] = False
+            return collected
 
     def renew(self, lease: str, lease_s: float = 60.0) -> float:
         """Extend a live lease to ``lease_s`` seconds from now; returns its new expiry."""

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from proctor.dock.dock import Dispatch
+from proctor.dock.dock import Collected, Dispatch
 from proctor.dock.values import Value
 
 __all__ = ["Dock", "consume"]
@@ -28,7 +28,9 @@ class Dock(Protocol):
         lease_s: float = 60.0,
     ) -> Dispatch: ...
 
-    def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> None: ...
+    def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> Collected: ...
+
+    def renew(self, lease: str, lease_s: float = 60.0) -> float: ...
 
     def all_consumed(self, consumer: str, iteration: int) -> bool: ...
 

@@ -8,17 +8,18 @@ one per row, each its dtype, shape and base64 bytes). Every number is bounded he
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from proctor.dock.dock import Consumer, Consumption, Dispatch, TableInfo
+from proctor.dock.dock import Collected, Consumer, Consumption, Dispatch, TableInfo
 from proctor.dock.errors import DockInputError
 from proctor.dock.values import MAX_NDIM, Value, from_wire_array, to_wire_array
 
 __all__ = [
     "CollectRequest",
+    "CollectedBody",
     "ConsumerBody",
     "ConsumptionBody",
     "DispatchBody",
@@ -57,10 +58,11 @@ class WireArray(_Wire):
 
 
 class WireColumn(_Wire):
-    """One value per row: ``values`` (JSON) or ``arrays`` (numpy arrays), exactly one of them."""
+    """One value per row: ``values`` (JSON) or ``arrays`` (numpy arrays, or null where a row has none, as a
+    read with ``missing: none`` answers), exactly one of them."""
 
     values: Annotated[list[Any], Field(max_length=MAX_ROWS)] | None = None
-    arrays: Annotated[list[WireArray], Field(max_length=MAX_ROWS)] | None = None
+    arrays: Annotated[list[WireArray | None], Field(max_length=MAX_ROWS)] | None = None
 
     @model_validator(mode="after")
     def _one(self) -> WireColumn:
@@ -73,10 +75,12 @@ class WireColumn(_Wire):
 
 
 def column_to_wire(name: str, values: Sequence[Value]) -> WireColumn:
-    """A column's values as the wire carries them (arrays when every value is a numpy array)."""
-    if values and all(isinstance(v, np.ndarray) for v in values):
-        return WireColumn(arrays=[WireArray(**to_wire_array(v)) for v in values])
-    if any(isinstance(v, np.ndarray) for v in values):
+    """A column's values as the wire carries them (arrays when every value is a numpy array or None, and one
+    is an array)."""
+    arrays = [isinstance(v, np.ndarray) for v in values]
+    if any(arrays) and all(a or v is None for a, v in zip(arrays, values, strict=True)):
+        return WireColumn(arrays=[None if v is None else WireArray(**to_wire_array(v)) for v in values])
+    if any(arrays):
         raise DockInputError(f"columns.{name}", "mixes numpy arrays and other values; send one kind per column")
     return WireColumn(values=list(values))
 
@@ -85,7 +89,10 @@ def column_from_wire(field: str, column: WireColumn) -> list[Value]:
     if column.values is not None:
         return column.values
     assert column.arrays is not None
-    return [from_wire_array(f"{field}.arrays[{n}]", a.dtype, a.shape, a.data) for n, a in enumerate(column.arrays)]
+    return [
+        None if a is None else from_wire_array(f"{field}.arrays[{n}]", a.dtype, a.shape, a.data)
+        for n, a in enumerate(column.arrays)
+    ]
 
 
 def columns_to_wire(columns: Mapping[str, Sequence[Value]]) -> dict[str, WireColumn]:
@@ -150,6 +157,9 @@ class PutRequest(_Wire):
 class ReadRequest(_Wire):
     rows: Annotated[list[_Row], Field(max_length=MAX_ROWS)]
     columns: Annotated[list[_Name], Field(min_length=1, max_length=64)]
+    missing: Literal["error", "none"] = Field(
+        default="error", description="Unwritten cells: a 409 (error), or null values (none)."
+    )
 
 
 class ReadBody(_Wire):
@@ -201,6 +211,19 @@ class DispatchBody(_Wire):
 
 class CollectRequest(_Wire):
     columns: Annotated[dict[_Name, WireColumn], Field(max_length=64)] = {}
+
+
+class CollectedBody(_Wire):
+    consumer: str
+    iteration: int
+    rows: list[tuple[int, int]] = Field(description="(slot, index) of each row consumed, in dispatch order.")
+
+    @classmethod
+    def of(cls, c: Collected) -> CollectedBody:
+        return cls(consumer=c.consumer, iteration=c.iteration, rows=[(s, k) for s, k in c.rows])
+
+    def collected(self) -> Collected:
+        return Collected(self.consumer, self.iteration, tuple((s, k) for s, k in self.rows))
 
 
 class RenewRequest(_Wire):

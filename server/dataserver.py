@@ -6,12 +6,16 @@ calls that must wait for the disk (the store's thread; see :mod:`proctor.server.
 store (a thread of its own). Per-item Python work that grows with a request's size hands the loop back every
 few milliseconds (:mod:`proctor.server.pacing`); a request's inline store calls do not, and are bounded by its
 item limit instead (a statement per few hundred keys).
+
+The grader processes are the experience store's grader role (:mod:`proctor.server.grading.role`); with
+``PROCTOR_GRADER_WORKERS=0`` there are none, and remote ``proctor grade-worker`` processes take the role.
 """
 
 from __future__ import annotations
 
 import httpx
 
+from proctor.dock.columns import GRADER
 from proctor.server import protocol as wire
 from proctor.server import views
 from proctor.server.context import ServingContext
@@ -21,9 +25,12 @@ from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.curriculum.statistics import CurriculumStatistics
 from proctor.server.experience import ExperienceStore
 from proctor.server.grading.fanout import GraderFanout
+from proctor.server.grading.ledger import GradeLedger
 from proctor.server.grading.pool import GraderPool
+from proctor.server.grading.role import GraderRole
 from proctor.server.grading.service import GradingService
 from proctor.server.metrics import Metrics
+from proctor.server.rollouts import Rollouts
 from proctor.server.sampling import SamplingService
 from proctor.server.settings import Settings
 from proctor.server.storage import AsyncStore
@@ -36,15 +43,20 @@ class Dataserver:
     """Create with :meth:`open`, release with :meth:`close`."""
 
     def __init__(
-        self, ctx: ServingContext, pool: GraderPool, http: httpx.AsyncClient, experience: ExperienceStore
+        self, ctx: ServingContext, pool: GraderPool | None, http: httpx.AsyncClient, experience: ExperienceStore
     ) -> None:
         self.ctx = ctx
         self.experience = experience
         self._pool = pool
         self._http = http
         self.sampling = SamplingService(ctx)
-        fanout = GraderFanout(pool, http, ctx.metrics, ctx.settings.grader_timeout_s)
-        self.grading = GradingService(ctx, fanout, slots_of=self.sampling.sample_ids)
+        ledger = GradeLedger(ctx)
+        self.rollouts = Rollouts(ctx, experience, self.sampling, ledger)
+        timeout_s = ctx.settings.grader_timeout_s
+        fanout = GraderFanout(pool, http, ctx.metrics, timeout_s) if pool is not None else None
+        self.grading = GradingService(ctx, fanout, self.rollouts, ledger)
+        # Without local grader processes the role is left to remote grade-workers.
+        self.grader_role = GraderRole(self.rollouts, fanout) if fanout is not None else None
 
     @classmethod
     async def open(cls, curriculum: Curriculum, settings: Settings, metrics: Metrics) -> Dataserver:
@@ -54,8 +66,11 @@ class Dataserver:
         try:
             progress = await _restore(curriculum, storage)
             experience = await ExperienceStore.open(settings)
-            pool = GraderPool(settings.grader_workers)
-            await pool.start()
+            g = GRADER
+            await experience.call(experience.dock.register, g.name, needs=g.needs, produces=g.produces)
+            pool = GraderPool(settings.grader_workers) if settings.grader_workers > 0 else None
+            if pool is not None:
+                await pool.start()
         except BaseException:
             if experience is not None:
                 await experience.close()
@@ -65,10 +80,16 @@ class Dataserver:
         if progress.last_iteration is not None:
             metrics.last_iteration.set(progress.last_iteration)
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False)
-        return cls(ServingContext(curriculum, settings, metrics, storage, progress), pool, http, experience)
+        server = cls(ServingContext(curriculum, settings, metrics, storage, progress), pool, http, experience)
+        if server.grader_role is not None:
+            server.grader_role.start()
+        return server
 
     async def close(self) -> None:
-        await self._pool.close()
+        if self.grader_role is not None:
+            await self.grader_role.close()
+        if self._pool is not None:
+            await self._pool.close()
         await self._http.aclose()
         await self.experience.close()
         await self.ctx.storage.close()

@@ -26,11 +26,15 @@ __all__ = [
     "GradeRequest",
     "GradeResponse",
     "GradeResult",
+    "Graders",
     "Health",
+    "LocalGraderSpec",
     "Meta",
+    "RemoteGraderSpec",
     "Sample",
     "SampleRequest",
     "SampleResponse",
+    "SourceGradersSpec",
     "SourceInfo",
     "StageInfo",
     "StageState",
@@ -192,6 +196,45 @@ class GradeResult(_Wire):
 
 class GradeResponse(_Wire):
     results: list[GradeResult]
+
+
+# --- /graders (what a grade-worker runs) -------------------------------------------------------------------
+
+
+class LocalGraderSpec(_Wire):
+    key: str
+    ref: str = Field(description="builtin:NAME, module:attr or /abs/file.py:attr; importable where it runs.")
+    params: dict[str, Any]
+    weight: float
+    multiplicative: bool
+
+
+class RemoteGraderSpec(_Wire):
+    key: str
+    url: str
+    timeout_s: float
+    headers: dict[str, str] = Field(description="Values are withheld (empty) unless the server has an API key.")
+    params: dict[str, Any]
+    weight: float
+    multiplicative: bool
+
+
+class SourceGradersSpec(_Wire):
+    local: list[LocalGraderSpec]
+    remote: list[RemoteGraderSpec]
+    on_error: float
+    names: list[str] = Field(description="Every grader's key, in the curriculum's order.")
+
+
+class Graders(_Wire):
+    """Each source's graders, as the dataserver resolved them: what ``proctor grade-worker`` runs."""
+
+    curriculum_hash: str
+    timeout_s: float = Field(description="Time limit to grade one completion (PROCTOR_GRADER_TIMEOUT_S).")
+    headers_withheld: bool = Field(
+        description="True when remote graders' header values were left out: this server has no API key."
+    )
+    sources: dict[str, SourceGradersSpec]
 
 
 # --- /meta, /curriculum, /healthz ------------------------------------------------------------------------

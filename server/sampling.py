@@ -68,9 +68,13 @@ class SamplingService:
 
     async def sample_ids(self, iteration: int) -> tuple[str, ...] | None:
         """The sample id in each slot of ``iteration``; None if it was never sampled."""
-        pending = self._pending.get(iteration)
-        batch = pending[0] if pending is not None else await self._stored(iteration)
+        batch = await self.served(iteration)
         return None if batch is None else batch.sample_ids
+
+    async def served(self, iteration: int) -> ServedBatch | None:
+        """The batch of ``iteration`` (decided, perhaps not yet committed); None if it was never sampled."""
+        pending = self._pending.get(iteration)
+        return pending[0] if pending is not None else await self._stored(iteration)
 
     async def _new_iteration(self, iteration: int, batch_size: int) -> tuple[ServedBatch, asyncio.Future[None]]:
         """Decide and draw a new iteration, and queue it for the next group commit."""

@@ -53,7 +53,11 @@ class Settings(BaseSettings):
     max_grade_items: int = Field(default=4096, ge=1, description="Most items one /grade request may carry.")
     max_completion_chars: int = Field(default=200_000, ge=1, description="Longest completion /grade accepts.")
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, description="Largest request body (413).")
-    grader_workers: int = Field(default_factory=default_workers, ge=1, description="Grader processes.")
+    grader_workers: int = Field(
+        default_factory=default_workers,
+        ge=0,
+        description="Grader processes; 0 leaves grading to `proctor grade-worker` processes.",
+    )
     grader_timeout_s: float = Field(default=10.0, gt=0, description="Time limit to grade one completion.")
     dock_keep_iterations: int = Field(
         default=8, ge=1, le=1_000_000, description="Generation steps the experience store (/dock) keeps."

@@ -8,7 +8,7 @@ from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.settings import Settings
 
-__all__ = ["curriculum_state", "meta"]
+__all__ = ["curriculum_state", "graders", "meta"]
 
 
 def meta(curriculum: Curriculum, settings: Settings) -> wire.Meta:
@@ -29,6 +29,41 @@ def meta(curriculum: Curriculum, settings: Settings) -> wire.Meta:
         max_grade_items=settings.max_grade_items,
         max_body_bytes=settings.max_body_bytes,
         version=__version__,
+    )
+
+
+def graders(curriculum: Curriculum, settings: Settings) -> wire.Graders:
+    # Remote graders' headers often carry credentials: they go out only behind this server's own key.
+    withheld = settings.api_key is None
+    return wire.Graders(
+        curriculum_hash=curriculum.hash,
+        timeout_s=settings.grader_timeout_s,
+        headers_withheld=withheld,
+        sources={
+            name: wire.SourceGradersSpec(
+                local=[
+                    wire.LocalGraderSpec(
+                        key=g.key, ref=g.ref, params=dict(g.params), weight=g.weight, multiplicative=g.multiplicative
+                    )
+                    for g in sg.local
+                ],
+                remote=[
+                    wire.RemoteGraderSpec(
+                        key=g.key,
+                        url=g.url,
+                        timeout_s=g.timeout_s,
+                        headers={k: "" if withheld else v for k, v in g.headers.items()},
+                        params=dict(g.params),
+                        weight=g.weight,
+                        multiplicative=g.multiplicative,
+                    )
+                    for g in sg.remote
+                ],
+                on_error=sg.on_error,
+                names=list(sg.names),
+            )
+            for name, sg in curriculum.graders.items()
+        },
     )
 
 

@@ -1,35 +1,38 @@
 """The grading service: ``POST /grade``, rewards for completions, each graded once.
 
 A request's items are validated, given the iteration (and so the stage) they belong to and an idempotency
-key, looked up among the stored grades, and what is new goes to the graders. Grades are stored before they
-are answered or counted in the curriculum's statistics; posting a completion again returns its stored grade.
+key, and looked up among the stored grades. What is new goes to the graders: completions that name an
+iteration and slot of a step whose table is open in the experience store are written there and graded by
+the grader role (this server's pool or remote grade-workers); the rest go to this server's pool directly.
+Grades are stored before they are answered or counted in the curriculum's statistics; posting a completion
+again returns its stored grade.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from proctor.dock import columns as col
 from proctor.server import protocol as wire
 from proctor.server.context import ServingContext
-from proctor.server.curriculum.statistics import CountedGrade
-from proctor.server.exceptions import InvalidRequestError
+from proctor.server.exceptions import InvalidRequestError, UnavailableError
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.compose import compose
 from proctor.server.grading.fanout import GraderFanout
+from proctor.server.grading.ledger import GradeLedger
 from proctor.server.grading.outcome import GraderOutcome
+from proctor.server.grading.registry import SourceGraders
+from proctor.server.grading.role import grading_time
 from proctor.server.pacing import paced
+from proctor.server.rollouts import Rollouts
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.store import NO_SLOT, GradeKey, GradeRow
 
 __all__ = ["GradingService"]
-
-_GRADES_PER_COMMIT = 256
-
-# The sample id in each slot of an iteration, or None if it was never sampled.
-SlotLookup = Callable[[int], Awaitable[tuple[str, ...] | None]]
 
 
 @dataclass(slots=True)
@@ -48,10 +51,13 @@ class _Item:
 
 
 class GradingService:
-    def __init__(self, ctx: ServingContext, fanout: GraderFanout, slots_of: SlotLookup) -> None:
+    def __init__(
+        self, ctx: ServingContext, fanout: GraderFanout | None, rollouts: Rollouts, ledger: GradeLedger
+    ) -> None:
         self.ctx = ctx
         self.fanout = fanout
-        self._slots_of = slots_of
+        self.rollouts = rollouts
+        self.ledger = ledger
         self._loop_share = asyncio.Lock()
 
     async def grade(self, req: wire.GradeRequest) -> wire.GradeResponse:
@@ -76,10 +82,51 @@ class GradingService:
                 for it in items
                 if it.record is not None and ((prior := stored.get(it.key)) is None or prior.error is not None)
             ]
-            work = [(self.ctx.curriculum.graders[it.source], _grade_input(it)) for it in fresh]
-        outcomes = await self.fanout.grade(work) if work else []
+            queued = await self._queue(req.iteration, [it for it in fresh if it.key not in stored])
+            direct = [it for it in fresh if id(it) not in {id(q) for q in queued}] if queued else fresh
+            if direct and self.fanout is None:
+                raise UnavailableError(
+                    "this server has no grader processes (PROCTOR_GRADER_WORKERS=0) and grades only through the "
+                    f"experience store: send each item's iteration and slot, for a step whose table is open "
+                    f"(PUT /dock/tables/{{iteration}}), and run `proctor grade-worker` ({len(direct)} items could "
+                    "not be queued)"
+                )
+            work = [(self.ctx.curriculum.graders[it.source], _grade_input(it)) for it in direct]
+        outcomes, by_store = await asyncio.gather(self._direct(work), self._wait(req.iteration, queued))
         async with self._loop_share:
-            return await self._store_and_answer(items, fresh, outcomes, stored)
+            return await self._store_and_answer(items, direct, outcomes, stored, by_store)
+
+    async def _queue(self, iteration: int | None, fresh: Sequence[_Item]) -> list[_Item]:
+        """Write the completions that fit rows of the step's open table to the store, for the grader role;
+        returns those written (none when any does not fit: they are graded here instead)."""
+        candidates = [it for it in fresh if it.slot is not None]
+        if iteration is None or not candidates:
+            return []
+        rows = [(it.slot or 0, it.completion_index) for it in candidates]
+        texts = [it.completion for it in candidates]
+        tokens = [it.completion_tokens for it in candidates]
+        return candidates if await self.rollouts.write_completions(iteration, rows, texts, tokens) else []
+
+    async def _direct(self, work: Sequence[tuple[SourceGraders, GradeInput]]) -> list[dict[str, GraderOutcome]]:
+        if not work:
+            return []
+        assert self.fanout is not None
+        return await self.fanout.grade(work)
+
+    async def _wait(self, iteration: int | None, queued: Sequence[_Item]) -> dict[GradeKey, GradeRow]:
+        if iteration is None or not queued:
+            return {}
+        s = self.ctx.settings
+        timeout = grading_time(len(queued), max(s.grader_workers, 1), s.grader_timeout_s)
+        values = await self.rollouts.rewards(iteration, [(it.slot or 0, it.completion_index) for it in queued], timeout)
+        out: dict[GradeKey, GradeRow] = {}
+        for n, it in enumerate(queued):
+            detail: Any = values[col.REWARD_DETAIL][n]
+            detail = detail if isinstance(detail, dict) else {}
+            components = {str(k): float(v) for k, v in (detail.get("components") or {}).items()}
+            reward = float(values[col.REWARD][n])
+            out[it.key] = GradeRow(it.key, it.stage, it.source, reward, components, detail.get("error"))
+        return out
 
     async def _store_and_answer(
         self,
@@ -87,26 +134,16 @@ class GradingService:
         fresh: Sequence[_Item],
         outcomes: Sequence[Mapping[str, GraderOutcome]],
         stored: dict[GradeKey, GradeRow],
+        by_store: Mapping[GradeKey, GradeRow],
     ) -> wire.GradeResponse:
         ctx = self.ctx
         rows: dict[GradeKey, GradeRow] = {}
         async for it, per_grader in paced(zip(fresh, outcomes, strict=True)):
             c = compose(ctx.curriculum.graders[it.source], per_grader)
             rows[it.key] = GradeRow(it.key, it.stage, it.source, c.reward, c.components, c.error)
-        raced: set[GradeKey] = set()
-        # Stored (and counted) a slice at a time; each grade is idempotent, so a slice is a unit of its own.
-        pending = list(rows.values())
-        for start in range(0, len(pending), _GRADES_PER_COMMIT):
-            part = pending[start : start + _GRADES_PER_COMMIT]
-            statuses = await ctx.storage.insert_grades(part)
-            raced.update(row.key for row, status in zip(part, statuses, strict=True) if status == "exists")
-            new = [(row, status) for row, status in zip(part, statuses, strict=True) if status != "exists"]
-            touched = ctx.progress.statistics.graded(
-                CountedGrade(row.stage, None if row.error is not None else row.reward, status == "replaced_error")
-                for row, status in new
-            )
-            ctx.metrics.count_grades(ctx.curriculum, ctx.progress.statistics, (row for row, _ in new), touched)
-            await asyncio.sleep(0)
+        raced = await self.ledger.record(list(rows.values()))
+        # Graded through the store: the grader role's collection stored and counted them already.
+        rows.update(by_store)
         if raced:
             # Another request stored the same grade meanwhile; answer with that one, count it once.
             stored.update(await ctx.storage.find_grades(raced))
@@ -182,7 +219,7 @@ class GradingService:
     async def _check_slots(self, items: Sequence[_Item], iteration: int) -> None:
         """Each item's slot must hold its sample_id in the iteration's batch, so that a grade keyed by slot
         is the grade of the prompt the client was served there."""
-        ids = await self._slots_of(iteration)
+        ids = await self.rollouts.sampling.sample_ids(iteration)
         if ids is None:
             raise InvalidRequestError(
                 "iteration",

@@ -55,9 +55,12 @@ async def open_table(
     body: Annotated[dw.OpenRequest, Depends(json_body(dw.OpenRequest))],
     server: DataserverDep,
 ) -> Response:
-    """Create the step's table of ``slots × group_size`` rows, or check its shape (idempotent)."""
-    x = server.experience
-    info = await x.call(x.dock.open, iteration, slots=body.slots, group_size=body.group_size)
+    """Create the step's table of ``slots × group_size`` rows, or check its shape (idempotent).
+
+    For a step this server sampled, ``slots`` is its batch size, and every row gets the columns of its prompt:
+    ``sample_id``, ``prompt``, ``reference`` (answer and metadata, for graders) and ``stage``.
+    """
+    info = await server.rollouts.open(iteration, body.slots, body.group_size)
     return _json(dw.TableBody.of(info))
 
 
@@ -79,14 +82,8 @@ async def put_rows(
     server: DataserverDep,
 ) -> Response:
     """Write cells (each column once per row; the same value again is a no-op)."""
-    x = server.experience
-    await x.call(_put, x.dock, iteration, body)
+    await server.rollouts.put(iteration, body)
     return Response(status_code=204)
-
-
-def _put(dock: TransferDock, iteration: int, body: dw.PutRequest) -> None:
-    # Decoding the arrays is work that grows with the body: it runs on the store's thread too.
-    dock.put(iteration, body.rows, dw.columns_from_wire(body.columns))
 
 
 @router.post(
@@ -100,13 +97,14 @@ async def read_rows(
     body: Annotated[dw.ReadRequest, Depends(json_body(dw.ReadRequest))],
     server: DataserverDep,
 ) -> Response:
-    """The values of written cells, by index (never waits; unwritten cells are a 409)."""
+    """The values of cells, by index (never waits; unwritten cells are a 409, or nulls with ``missing: none``)."""
     x = server.experience
     return await x.call(_read, x.dock, iteration, body)
 
 
 def _read(dock: TransferDock, iteration: int, body: dw.ReadRequest) -> Response:
-    return _json(dw.ReadBody(columns=dw.columns_to_wire(dock.read(iteration, body.rows, body.columns))))
+    values = dock.read(iteration, body.rows, body.columns, missing=body.missing)
+    return _json(dw.ReadBody(columns=dw.columns_to_wire(values)))
 
 
 @router.put(
@@ -167,7 +165,7 @@ async def consumption(name: NamePath, iteration: IterationPath, server: Dataserv
 
 @router.post(
     "/leases/{lease}/collect",
-    status_code=204,
+    response_model=dw.CollectedBody,
     openapi_extra=request_body(dw.CollectRequest),
     responses=error_responses(404, 409),
 )
@@ -176,14 +174,13 @@ async def collect(
     body: Annotated[dw.CollectRequest, Depends(json_body(dw.CollectRequest))],
     server: DataserverDep,
 ) -> Response:
-    """Write the consumer's results for the leased rows and mark them consumed; an expired lease is a 409."""
+    """Write the consumer's results for the leased rows and mark them consumed; an expired lease is a 409.
+
+    The ``grader`` role's results are grades: they are stored and counted in the curriculum's statistics.
+    """
     x = server.experience
-    await x.call(_collect, x.dock, lease, body)
-    return Response(status_code=204)
-
-
-def _collect(dock: TransferDock, lease: str, body: dw.CollectRequest) -> None:
-    dock.collect(lease, dw.columns_from_wire(body.columns))
+    columns = await x.call(dw.columns_from_wire, body.columns)
+    return _json(dw.CollectedBody.of(await server.rollouts.collect(lease, columns)))
 
 
 @router.post(

@@ -6,10 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from proctor.server import views
 from proctor.server.deps import DataserverDep, json_body
 from proctor.server.errors import error_responses
 from proctor.server.openapi import request_body
-from proctor.server.protocol import GradeRequest, GradeResponse
+from proctor.server.protocol import GradeRequest, GradeResponse, Graders
 
 router = APIRouter(tags=["data"])
 GradeRequestBody = Annotated[GradeRequest, Depends(json_body(GradeRequest))]
@@ -31,3 +32,10 @@ async def create_grades(body: GradeRequestBody, server: DataserverDep, request: 
         request.state.iteration = body.iteration
     # Serialised here, once: returning the model would make FastAPI validate it again on the way out.
     return Response((await server.grading.grade(body)).model_dump_json(), media_type="application/json")
+
+
+@router.get("/graders", response_model=Graders)
+async def get_graders(server: DataserverDep) -> Graders:
+    """Each source's graders as this server resolved them: what a ``proctor grade-worker`` runs. Custom
+    graders must be importable on the worker's machine under the same reference."""
+    return views.graders(server.ctx.curriculum, server.ctx.settings)

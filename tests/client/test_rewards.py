@@ -214,6 +214,14 @@ def test_needs_the_dataset_columns() -> None:
         remote_reward(client)(prompts=["p"], completions=["a"])
     with pytest.raises(ValueError, match="on_error must be 'skip' or 'server'"):
         remote_reward(client, on_error="zero")  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match=r"^remote_reward\(through='store'\) needs dataset=, the run's RemoteRLDataset"
+    ):
+        remote_reward(client, through="store")
+    with pytest.raises(ValueError, match="through must be 'store' or 'grade', got 'post'"):
+        remote_reward(client, through="post")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout_s must be positive, got 0"):
+        remote_reward(client, timeout_s=0)
 
 
 def test_with_the_dataset_the_next_prompts_are_fetched_while_grading(client: ProctorClient) -> None:

@@ -22,6 +22,7 @@ from proctor.batching.vocabulary import derive_batch_plan
 from proctor.dock import (
     CellConflictError,
     CellsMissingError,
+    Collected,
     Consumer,
     Consumption,
     Dispatch,
@@ -35,6 +36,7 @@ from proctor.dock import (
     Value,
     consume,
 )
+from proctor.dock.columns import GRADER
 
 SHORT_LEASE_S = 0.3
 PAST_SHORT_LEASE_S = 0.45
@@ -42,6 +44,11 @@ PAST_SHORT_LEASE_S = 0.45
 
 def all_rows(slots: int, group_size: int) -> list[RowKey]:
     return [(s, k) for s in range(slots) for k in range(group_size)]
+
+
+def registered(dock: TransferDock) -> list[Consumer]:
+    """The consumers a test registered: the dataserver registers its own grader role as it starts."""
+    return [c for c in dock.consumers() if c != GRADER]
 
 
 def covered_once(parts: Sequence[Sequence[int]], n: int) -> bool:
@@ -128,8 +135,8 @@ def test_register_returns_the_consumer_and_is_idempotent(dock: TransferDock) -> 
     assert first == Consumer("reward", ("prompt", "response"), ("score",), 4)
     assert dock.register("reward", needs=["prompt", "response"], produces=["score"], dispatch_size=4) == first
     dock.register("actor", needs=["prompt"])
-    assert [c.name for c in dock.consumers()] == ["actor", "reward"]
-    assert dock.consumers()[0] == Consumer("actor", ("prompt",), (), None)
+    assert [c.name for c in registered(dock)] == ["actor", "reward"]
+    assert registered(dock)[0] == Consumer("actor", ("prompt",), (), None)
 
 
 @pytest.mark.parametrize(
@@ -148,7 +155,7 @@ def test_register_with_other_columns_is_a_shape_conflict(dock: TransferDock, cha
         ShapeConflictError, match=re.escape("consumer 'reward' is registered as needs=['prompt', 'response']")
     ):
         dock.register("reward", **changed)
-    assert dock.consumers() == [Consumer("reward", ("prompt", "response"), ("score",), 4)]
+    assert registered(dock) == [Consumer("reward", ("prompt", "response"), ("score",), 4)]
 
 
 def test_unknown_consumer_is_refused(dock: TransferDock) -> None:
@@ -283,6 +290,18 @@ def test_read_of_unwritten_cells_never_waits_and_says_which(dock: TransferDock) 
     with pytest.raises(CellsMissingError, match="column 'never'"):
         dock.read(0, [(1, 0)], ["score", "never"])
     assert dock.read(0, [(1, 0)], ["score"]) == {"score": [1.0]}
+
+
+def test_read_with_missing_none_gives_none_for_unwritten_cells(dock: TransferDock) -> None:
+    dock.open(0, slots=3, group_size=1)
+    dock.put(0, [(1, 0)], {"score": [1.0], "ids": [np.arange(3, dtype=np.int32)]})
+    got = dock.read(0, all_rows(3, 1), ["score", "ids", "never"], missing="none")
+    assert got["score"] == [None, 1.0, None]
+    assert got["ids"][0] is None and got["ids"][2] is None
+    np.testing.assert_array_equal(got["ids"][1], np.arange(3, dtype=np.int32))
+    assert got["never"] == [None, None, None]
+    with pytest.raises(DockInputError, match=r"^missing"):
+        dock.read(0, [(1, 0)], ["score"], missing="skip")  # type: ignore[arg-type]
 
 
 # --- dispatch -------------------------------------------------------------------------------------------------
@@ -495,7 +514,7 @@ def test_collect_marks_rows_consumed_and_consumption_follows_each_step(dock: Tra
     batch = dock.dispatch("scorer", 3)
     assert batch.lease is not None
     assert counts(dock, "scorer", 0) == (4, 0, 3, 1)
-    dock.collect(batch.lease, {"score": [0.0, 0.5, 1.0]})
+    assert dock.collect(batch.lease, {"score": [0.0, 0.5, 1.0]}) == Collected("scorer", 0, batch.rows)
     assert counts(dock, "scorer", 0) == (4, 3, 0, 1)
     assert dock.read(0, list(batch.rows), ["score"]) == {"score": [0.0, 0.5, 1.0]}
     assert dict(dock.table(0).written) == {"prompt": 4, "score": 3}
@@ -752,5 +771,5 @@ def test_a_bad_input_is_refused_naming_its_field_and_changes_nothing(
         call(dock)
     assert [t.iteration for t in dock.tables()] == [0]
     assert dict(dock.table(0).written) == {"x": 4}
-    assert [c.name for c in dock.consumers()] == ["reader"]
+    assert [c.name for c in registered(dock)] == ["reader"]
     assert counts(dock, "reader", 0) == (4, 0, 0, 4)

@@ -7,7 +7,7 @@ import proctor.dock
 
 def test_all_lists_exactly_the_public_names() -> None:
     public = {name for name in vars(proctor.dock) if not name.startswith("_")} - {"annotations"}
-    modules = {"dock", "errors", "loop", "persistence", "values", "wire"}
+    modules = {"columns", "dock", "errors", "loop", "persistence", "values", "wire"}
     assert set(proctor.dock.__all__) == public - modules
     assert sorted(proctor.dock.__all__) == proctor.dock.__all__
 

@@ -54,6 +54,12 @@ def main(url: str, model: str, out: str, steps: int) -> None:
     # runtime aborts the process ("terminate called without an active exception"), now and then under load.
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    # And freeing the trainer's DDP reducer can deadlock with gloo's worker thread over the GIL (seen under
+    # load: ~ProcessGroupGloo waits on a mutex the worker holds while it waits for the GIL). Everything this
+    # rank reports is written: leave without tearing the interpreter down.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

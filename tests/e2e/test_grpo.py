@@ -17,7 +17,8 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from proctor.cli.launcher import ServerProcess
-from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
+from proctor.client import ProctorClient, RemoteRLDataset
+from proctor.client.rewards import RemoteReward
 from proctor.client.tiny import run_defaults
 from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
@@ -76,17 +77,22 @@ def grpo_values(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     return values
 
 
-class Recorder:
-    """Wraps a reward function and keeps the columns of every call."""
+class Recorder(RemoteReward):
+    """``remote_reward`` that keeps the columns of every call, and how many completions of the step the
+    experience store held when TRL asked for the rewards."""
 
-    def __init__(self, fn: Callable[..., list[float | None]]) -> None:
-        self.fn = fn
+    def __init__(self, client: ProctorClient, dataset: RemoteRLDataset, **kwargs: Any) -> None:
+        super().__init__(client, dataset=dataset, **kwargs)
         self.calls: list[dict[str, Any]] = []
-        self.__name__ = "proctor_reward"
+        self.stored_before: list[int] = []
 
-    def __call__(self, **kwargs: Any) -> list[float | None]:
+    def __call__(self, *args: Any, **kwargs: Any) -> list[float | None]:
         self.calls.append({k: list(kwargs[k]) for k in ("sample_id", "slot", "completion_index", "iteration")})
-        return self.fn(**kwargs)
+        if self.through == "store":
+            step = int(kwargs["iteration"][0])
+            opened = {t.iteration for t in self.dock.tables()}
+            self.stored_before.append(self.dock.table(step).written.get("completion", 0) if step in opened else 0)
+        return super().__call__(*args, **kwargs)
 
 
 def train(
@@ -95,11 +101,12 @@ def train(
     config: GRPOConfig,
     callbacks: list[Any] | None = None,
     trainer_cls: type[GRPOTrainer] = GRPOTrainer,
+    through: str = "store",
 ) -> dict[str, Any]:
     client = ProctorClient(url, retries=8, backoff=0.2)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     dataset = RemoteRLDataset(client, config, processing_class=tokenizer)
-    reward = Recorder(remote_reward(client, dataset=dataset))
+    reward = Recorder(client, dataset, through=through)
     trainer = trainer_cls(
         model=str(tiny_model),
         reward_funcs=reward,
@@ -114,7 +121,13 @@ def train(
     dataset.close()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     client.close()
-    return {"requested": list(dataset.requested), "calls": reward.calls, "changed": changed, "losses": losses}
+    return {
+        "requested": list(dataset.requested),
+        "calls": reward.calls,
+        "stored_before": reward.stored_before,
+        "changed": changed,
+        "losses": losses,
+    }
 
 
 def server_metric(url: str, route: str) -> int:
@@ -124,22 +137,39 @@ def server_metric(url: str, route: str) -> int:
     return 0
 
 
+@pytest.mark.parametrize("through", ["store", "grade"])
 def test_grpo_against_the_dataserver(
-    live_server: Callable[..., Any], curriculum: Path, tiny_model: Path, tmp_path: Path
+    live_server: Callable[..., Any], curriculum: Path, tiny_model: Path, tmp_path: Path, through: str
 ) -> None:
     with live_server(curriculum=curriculum) as url:
-        result = train(url, tiny_model, grpo_config(tmp_path))
+        result = train(url, tiny_model, grpo_config(tmp_path), through=through)
         state = httpx.get(url + "/curriculum").json()
         samples = {i: httpx.post(url + "/sample", json={"iteration": i, "batch_size": 2}).json() for i in range(STEPS)}
         sample_requests, grade_requests = server_metric(url, "/sample"), server_metric(url, "/grade")
+        tables = {t["iteration"]: t for t in httpx.get(url + "/dock").json()["tables"]}
 
     # One /sample per generation step, with iteration = that step. Steps past the last trained one were
     # fetched ahead: one by the loader's look-ahead, one more by the dataset's prefetch.
     assert result["requested"] == list(range(len(result["requested"])))
     assert STEPS <= len(result["requested"]) <= STEPS + 2
     assert sample_requests == len(result["requested"]) + STEPS  # the test's own reads above
-    # One /grade per generation batch, each for its own generation step.
-    assert grade_requests == len(result["calls"]) == STEPS
+    assert len(result["calls"]) == STEPS
+    if through == "grade":  # one /grade per generation batch, each for its own generation step
+        assert grade_requests == STEPS
+        assert not tables
+    else:  # every step's completions and rewards are rows of its table in the experience store
+        assert grade_requests == 0
+        assert sorted(tables) == list(range(STEPS))
+        for t in tables.values():
+            assert (t["slots"], t["group_size"]) == (2, GENERATIONS)
+            assert {c: t["written"][c] for c in ("sample_id", "completion", "completion_ids", "reward")} == {
+                "sample_id": 8,
+                "completion": 8,
+                "completion_ids": 8,
+                "reward": 8,
+            }
+    # Every completion counted once in the curriculum's statistics, whichever way it was graded.
+    assert sum(stage["graded"] + stage["errors"] for stage in state["stages"]) == 8 * STEPS
     assert [c["iteration"] for c in result["calls"]] == [[i] * 8 for i in range(STEPS)]
     for i, call in enumerate(result["calls"]):
         groups = [call["sample_id"][g : g + GENERATIONS] for g in range(0, 8, GENERATIONS)]
@@ -201,6 +231,9 @@ def test_the_batching_trainer_against_the_dataserver(
     with live_server(curriculum=curriculum) as url:
         result = train(url, tiny_model, args, trainer_cls=ProctorGRPOTrainer)
         state = httpx.get(url + "/curriculum").json()
+    # The trainer wrote each step's completions to the store as generation ended, before TRL asked for
+    # the rewards (and so before its log-prob passes).
+    assert result["stored_before"] == [8] * STEPS
     assert result["requested"][:STEPS] == list(range(STEPS))
     assert [c["iteration"][0] for c in result["calls"]] == list(range(STEPS))
     assert result["changed"]

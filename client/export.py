@@ -1,0 +1,109 @@
+"""``export_rollouts``: the experience store's kept steps as a file of rows, for analysis or rejection-sampling
+SFT (``datasets.load_dataset("parquet", data_files=...)`` or ``"json"`` reads it).
+
+One row per completion: ``iteration``, ``slot``, ``index``, then every column written in its table (the
+prompt's columns, the completion, its reward and reward detail, and any a role added). A cell not written
+is null. Arrays (token ids, log-probs) become lists. In parquet, values that are JSON objects or mixed lists
+(``reference``, ``reward_detail``) are JSON text, so that every table has one schema however its records'
+fields vary.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from proctor.dock import RowKey, TableInfo, Value
+
+__all__ = ["export_rollouts"]
+
+_ROWS_PER_READ = 1024
+
+
+class _Readable(Protocol):
+    """What export needs of either face of the store."""
+
+    def tables(self) -> list[TableInfo]: ...
+
+    def read(
+        self,
+        iteration: int,
+        rows: Sequence[RowKey],
+        columns: Sequence[str],
+        *,
+        missing: Literal["error", "none"] = "error",
+    ) -> dict[str, list[Value]]: ...
+
+
+def export_rollouts(
+    dock: _Readable,
+    out: str | Path,
+    *,
+    iterations: range | None = None,
+    format: Literal["parquet", "jsonl"] | None = None,
+) -> int:
+    """Write the rows of the kept tables whose iteration is in ``iterations`` (all when None) to ``out``, as
+    ``format`` (from the suffix when None: ``.parquet``, else JSON lines). Returns the rows written."""
+    path = Path(out)
+    fmt = format or ("parquet" if path.suffix == ".parquet" else "jsonl")
+    if fmt not in ("parquet", "jsonl"):
+        raise ValueError(f"format must be 'parquet' or 'jsonl', got {fmt!r}")
+    tables = [t for t in dock.tables() if iterations is None or t.iteration in iterations]
+    if fmt == "jsonl":
+        written = 0
+        with path.open("w", encoding="utf-8") as f:
+            for table in tables:
+                for row in _rows(dock, table):
+                    f.write(json.dumps(row, ensure_ascii=False, default=_plain) + "\n")
+                    written += 1
+        return written
+    return _write_parquet(dock, tables, path)
+
+
+def _rows(dock: _Readable, table: TableInfo) -> Iterator[dict[str, Any]]:
+    keys = [(s, k) for s in range(table.slots) for k in range(table.group_size)]
+    names = sorted(table.written)
+    for start in range(0, len(keys), _ROWS_PER_READ):
+        part = keys[start : start + _ROWS_PER_READ]
+        values = dock.read(table.iteration, part, names, missing="none") if names else {}
+        for n, (slot, index) in enumerate(part):
+            row: dict[str, Any] = {"iteration": table.iteration, "slot": slot, "index": index}
+            for name in names:
+                v = values[name][n]
+                row[name] = v.tolist() if isinstance(v, np.ndarray) else v
+            yield row
+
+
+def _write_parquet(dock: _Readable, tables: Sequence[TableInfo], path: Path) -> int:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError("parquet needs pyarrow (pip install pyarrow), or export JSON lines") from None
+    rows = [_flat(row) for table in tables for row in _rows(dock, table)]
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    columns = {name: [row.get(name) for row in rows] for name in names}
+    pq.write_table(pa.table(columns) if rows else pa.table({"iteration": pa.array([], pa.int64())}), path)
+    return len(rows)
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: json.dumps(v, ensure_ascii=False) if _nested(v) else v for k, v in row.items()}
+
+
+def _nested(v: Any) -> bool:
+    if isinstance(v, dict):
+        return True
+    if isinstance(v, list):
+        return any(isinstance(x, dict | list | str) for x in v)
+    return False
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    raise TypeError(f"{type(v).__name__} is not JSON-able")

@@ -1,0 +1,54 @@
+"""The columns of a GRPO step's rows that proctor's own roles write and read, and the grader role.
+
+The dataserver fills the prompt's columns when a step that it sampled has its table opened; a trainer
+writes each completion; the grader role (the dataserver's pool, or ``proctor grade-worker`` processes
+anywhere) reads both and writes the reward. Any other role adds columns of its own.
+"""
+
+from __future__ import annotations
+
+from proctor.dock.dock import Consumer
+
+__all__ = [
+    "COMPLETION",
+    "COMPLETION_IDS",
+    "COMPLETION_TOKENS",
+    "GRADER",
+    "PROMPT",
+    "REFERENCE",
+    "REWARD",
+    "REWARD_DETAIL",
+    "SAMPLE_ID",
+    "STAGE",
+]
+
+# Written by the dataserver when the table of a step it sampled is opened, for every row of each slot.
+SAMPLE_ID = "sample_id"
+"""The prompt's sample id, as ``/sample`` served it in that slot."""
+PROMPT = "prompt"
+"""The record's prompt text."""
+REFERENCE = "reference"
+"""What graders compare with: ``{"answer": str | None, "metadata": {...}}`` from the record."""
+STAGE = "stage"
+"""The curriculum stage that served the step."""
+
+# Written by the trainer (or ``/grade``), one per completion.
+COMPLETION = "completion"
+"""The completion's text."""
+COMPLETION_TOKENS = "completion_tokens"
+"""Its length in tokens, or null when unknown (the ``length_cap`` grader needs it)."""
+COMPLETION_IDS = "completion_ids"
+"""Its token ids, an int32 array (optional: kept for export and for roles that need tokens)."""
+
+# Written by the grader role.
+REWARD = "reward"
+"""The completion's reward (the source's ``on_error`` reward when a grader failed)."""
+REWARD_DETAIL = "reward_detail"
+"""``{"components": {grader: score}, "error": str | None}``."""
+
+GRADER = Consumer(
+    "grader",
+    needs=(SAMPLE_ID, PROMPT, REFERENCE, COMPLETION, COMPLETION_TOKENS),
+    produces=(REWARD, REWARD_DETAIL),
+)
+"""The grader role, as the dataserver registers it."""

@@ -1,0 +1,106 @@
+"""The dataserver's own grader role: its pool of grader processes as one consumer of the experience store.
+
+Two loops take turns: while one grades a dispatch, the other can already claim the next rows. A loop sleeps
+until rows are written (or a second passes, for leases of dead remote workers that expire meanwhile).
+
+Every grader role, here or in a ``proctor grade-worker``, holds its rows under a short lease that it renews
+while it grades (:func:`renewing`): a holder that dies, or a server restarted under it, gives the rows back
+within one lease, however long grading takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from proctor.dock import DockError
+from proctor.dock import columns as col
+from proctor.server.exceptions import RequestError
+from proctor.server.grading.fanout import GraderFanout
+from proctor.server.grading.rows import grade_rows
+from proctor.server.rollouts import Rollouts
+
+__all__ = ["LEASE_S", "GraderRole", "grading_time", "renewing"]
+
+log = logging.getLogger("proctor.grading")
+
+ROWS_PER_DISPATCH = 256
+LEASE_S = 30.0
+_LOOPS = 2
+_IDLE_S = 1.0
+
+
+def grading_time(rows: int, processes: int, timeout_s: float) -> float:
+    """The longest ``rows`` may take on ``processes`` graders that each take up to ``timeout_s``, plus slack."""
+    return math.ceil(rows / max(processes, 1)) * timeout_s + 30.0
+
+
+@contextlib.asynccontextmanager
+async def renewing(renew: Callable[[str, float], Awaitable[float]], lease: str, lease_s: float) -> AsyncIterator[None]:
+    """Renew ``lease`` every third of ``lease_s`` while the body runs; a renewal refused (the lease ended
+    already) stops the renewals, and the body's result will be refused at its collection."""
+
+    async def keep() -> None:
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            try:
+                await renew(lease, lease_s)
+            except (RequestError, DockError) as exc:
+                log.warning("stopped renewing lease %s…: %s", lease[:8], exc)
+                return
+            except Exception as exc:  # unreachable server: the next renewal may get through
+                log.warning("could not renew lease %s…: %s", lease[:8], exc)
+
+    task = asyncio.create_task(keep())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class GraderRole:
+    """Start with :meth:`start`, stop with :meth:`close`."""
+
+    def __init__(self, rollouts: Rollouts, fanout: GraderFanout, lease_s: float = LEASE_S) -> None:
+        self.rollouts = rollouts
+        self.fanout = fanout
+        self.lease_s = lease_s
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._run(), name=f"grader-role-{n}") for n in range(_LOOPS)]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        x = self.rollouts.experience
+        graders = self.rollouts.ctx.curriculum.graders
+        while True:
+            try:
+                since = self.rollouts.version
+                batch = await x.call(x.dock.dispatch, col.GRADER.name, ROWS_PER_DISPATCH, lease_s=self.lease_s)
+                if batch.lease is None:
+                    await self.rollouts.wait_for_change(since, _IDLE_S)
+                    continue
+                async with renewing(self._renew, batch.lease, self.lease_s):
+                    columns = await grade_rows(self.fanout, graders, batch.columns)
+                await self.rollouts.collect(batch.lease, columns)
+            except (RequestError, DockError) as exc:
+                # A lease that expired under a very slow batch, or a store that failed: the rows go back to
+                # the pool (or the server is stopping); try again shortly rather than end the role.
+                log.warning("the grader role could not finish a dispatch: %s", exc)
+                await asyncio.sleep(_IDLE_S)
+
+    async def _renew(self, lease: str, lease_s: float) -> float:
+        x = self.rollouts.experience
+        return await x.call(x.dock.renew, lease, lease_s)

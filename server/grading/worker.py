@@ -1,0 +1,148 @@
+"""A grader role anywhere: a pool of grader processes that takes rows from a dataserver's experience store and
+writes their rewards back (``proctor grade-worker``).
+
+It works through any face of the store (:class:`proctor.dock.loop.Dock`); the dataserver counts each grade
+it collects once in the curriculum's statistics. A worker that dies holds its rows only until its lease ends;
+a result for a lease that ended is refused by the store and dropped here. While the server is unreachable
+(a restart), the worker waits and tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+
+import httpx
+
+from proctor.dock import LeaseError
+from proctor.dock import columns as col
+from proctor.dock.loop import Dock
+from proctor.server import protocol as wire
+from proctor.server.grading.fanout import GraderFanout
+from proctor.server.grading.pool import GraderPool
+from proctor.server.grading.registry import LocalGrader, RemoteGrader, SourceGraders
+from proctor.server.grading.role import LEASE_S, ROWS_PER_DISPATCH, renewing
+from proctor.server.grading.rows import grade_rows
+from proctor.server.metrics import Metrics
+
+__all__ = ["GradeWorker", "WorkerStats", "source_graders"]
+
+log = logging.getLogger("proctor.grade_worker")
+
+_MIN_WAIT_S, _MAX_WAIT_S = 0.01, 0.5  # between empty dispatches: quick while busy, gentle when idle
+_RECONNECT_S = 1.0
+
+
+def source_graders(spec: wire.Graders) -> dict[str, SourceGraders]:
+    """The graders of each source, from a dataserver's ``GET /graders``."""
+    if spec.headers_withheld:
+        for name, s in spec.sources.items():
+            for g in s.remote:
+                if g.headers:
+                    raise ValueError(
+                        f"source {name!r} has a remote grader {g.key!r} with headers, which the server withholds "
+                        "because it has no API key; start it with PROCTOR_API_KEY and give the worker the key"
+                    )
+    return {
+        name: SourceGraders(
+            local=tuple(LocalGrader(g.key, g.ref, g.params, g.weight, g.multiplicative) for g in s.local),
+            remote=tuple(
+                RemoteGrader(g.key, g.url, g.timeout_s, g.headers, g.params, g.weight, g.multiplicative)
+                for g in s.remote
+            ),
+            on_error=s.on_error,
+            names=tuple(s.names),
+        )
+        for name, s in spec.sources.items()
+    }
+
+
+class WorkerStats:
+    """What a worker did: rows graded and collected, results refused (their lease had ended), and how often
+    the server could not be reached."""
+
+    def __init__(self) -> None:
+        self.graded = 0
+        self.refused = 0
+        self.unreachable = 0
+
+
+class GradeWorker:
+    """``await worker.run()`` grades rows until ``stop`` is set (or, with ``idle_exit_s``, until no row came
+    for that long)."""
+
+    def __init__(
+        self,
+        dock: Dock,
+        graders: Mapping[str, SourceGraders],
+        pool: GraderPool,
+        http: httpx.AsyncClient,
+        *,
+        timeout_s: float,
+        rows_per_dispatch: int = ROWS_PER_DISPATCH,
+        lease_s: float = LEASE_S,
+        transient: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self.dock = dock
+        self.graders = graders
+        self.fanout = GraderFanout(pool, http, Metrics(), timeout_s)
+        self.rows_per_dispatch = rows_per_dispatch
+        self.lease_s = lease_s
+        self.transient = transient
+        self.stats = WorkerStats()
+
+    async def run(self, stop: asyncio.Event | None = None, *, idle_exit_s: float | None = None) -> WorkerStats:
+        stop = stop or asyncio.Event()
+        wait = _MIN_WAIT_S
+        last_work = time.monotonic()
+        while not stop.is_set():
+            if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
+                break
+            try:
+                batch = await asyncio.to_thread(
+                    self.dock.dispatch, col.GRADER.name, self.rows_per_dispatch, lease_s=self.lease_s
+                )
+            except self.transient as exc:
+                self.stats.unreachable += 1
+                log.warning("the dataserver is unreachable (%s); trying again in %gs", exc, _RECONNECT_S)
+                await _sleep(stop, _RECONNECT_S)
+                continue
+            if batch.lease is None:
+                await _sleep(stop, wait)
+                wait = min(wait * 2, _MAX_WAIT_S)
+                continue
+            wait = _MIN_WAIT_S
+            async with renewing(self._renew, batch.lease, self.lease_s):
+                columns = await grade_rows(self.fanout, self.graders, batch.columns)
+            await self._collect(batch.lease, columns, len(batch), stop)
+            last_work = time.monotonic()
+        return self.stats
+
+    async def _collect(self, lease: str, columns: Mapping[str, list[object]], rows: int, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.to_thread(self.dock.collect, lease, columns)
+            except LeaseError as exc:
+                # Its rows went back to the pool and are graded by whoever holds them now.
+                self.stats.refused += 1
+                log.warning("dropped the rewards of %d rows: %s", rows, exc)
+                return
+            except self.transient as exc:
+                # The server is restarting: its lease survives the restart, so the result is still wanted.
+                self.stats.unreachable += 1
+                log.warning("the dataserver is unreachable (%s); collecting again in %gs", exc, _RECONNECT_S)
+                await _sleep(stop, _RECONNECT_S)
+                continue
+            self.stats.graded += rows
+            return
+
+    async def _renew(self, lease: str, lease_s: float) -> float:
+        return await asyncio.to_thread(self.dock.renew, lease, lease_s)
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

@@ -1,0 +1,258 @@
+"""``proctor grade-worker`` processes as the grader role of a dataserver that has no grader processes of its
+own (``--grader-workers 0``): a worker killed mid-batch, a worker that comes back after its lease ended, and
+a server restarted under its workers. Real servers, real SQLite, real worker processes."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proctor.cli.launcher import ServerProcess
+from proctor.client import DockClient
+from proctor.dock import LeaseError
+from proctor.dock.columns import GRADER
+
+pytestmark = pytest.mark.e2e
+
+# `gate` holds while the file named after "wait:" in the completion exists, so a test decides when a worker
+# finishes; its score is the completion's length, so that each row's reward is known.
+GRADERS = """
+import os
+import time
+
+
+def gate(sample):
+    marker = sample.completion.partition("wait:")[2].strip()
+    while marker and os.path.exists(marker):
+        time.sleep(0.02)
+    return float(len(sample.completion))
+"""
+CURRICULUM = """
+name: workers
+seed: 3
+sources:
+  add: {kind: arithmetic, graders: [gate]}
+graders:
+  gate: {python: ./graders.py:gate}
+stages:
+  - {name: only, until_step: 100, mix: [{source: add}]}
+"""
+SLOTS, GROUP = 2, 2
+DEADLINE_S = 60.0  # a liveness bound: every wait below ends far sooner
+
+
+@pytest.fixture
+def curriculum(tmp_path: Path) -> Path:
+    folder = tmp_path / "workers"
+    folder.mkdir()
+    (folder / "graders.py").write_text(GRADERS)
+    (folder / "workers.yaml").write_text(CURRICULUM)
+    return folder / "workers.yaml"
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "gate"
+    path.touch()
+    yield path
+    path.unlink(missing_ok=True)
+
+
+class Worker:
+    """A ``proctor grade-worker`` process with one grader process, its output in a file."""
+
+    def __init__(self, url: str, log: Path, lease_s: float) -> None:
+        self.log = log
+        cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", url, "--workers", "1"]
+        cmd += ["--lease-s", str(lease_s), "--log-level", "info"]
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(url: str, lease_s: float = 1.5) -> Worker:
+        worker = Worker(url, tmp_path / f"worker-{len(started)}.log", lease_s)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def eventually(check: Callable[[], Any], what: str) -> Any:
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            found = check()
+        except (httpx.TransportError, LeaseError):
+            found = None
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"not within {DEADLINE_S}s: {what}")
+
+
+def completions(step: int, gate: Path) -> list[str]:
+    return [f"step {step} row {n} {'x' * n} wait:{gate}" for n in range(SLOTS * GROUP)]
+
+
+def post_step(url: str, step: int, gate: Path) -> list[str]:
+    """Sample ``step``, open its table and write its completions, as a trainer does."""
+    httpx.post(url + "/sample", json={"iteration": step, "batch_size": SLOTS}).raise_for_status()
+    texts = completions(step, gate)
+    with DockClient(url) as dock:
+        dock.open(step, slots=SLOTS, group_size=GROUP)
+        rows = [(s, k) for s in range(SLOTS) for k in range(GROUP)]
+        dock.put(step, rows, {"completion": texts, "completion_tokens": [None] * len(rows)})
+    return texts
+
+
+def grading(url: str, step: int) -> dict[str, Any]:
+    return httpx.get(f"{url}/dock/consumers/{GRADER.name}/tables/{step}").json()  # type: ignore[no-any-return]
+
+
+def counted(url: str) -> int:
+    """Grades in the curriculum's statistics, failed ones included."""
+    stages = httpx.get(url + "/curriculum").json()["stages"]
+    return sum(s["graded"] + s["errors"] for s in stages)
+
+
+def rewards(url: str, step: int) -> list[float]:
+    with DockClient(url) as dock:
+        rows = [(s, k) for s in range(SLOTS) for k in range(GROUP)]
+        return [float(r) for r in dock.read(step, rows, ["reward"])["reward"]]
+
+
+def test_a_worker_killed_mid_batch_loses_nothing_and_counts_nothing_twice(
+    live_server: Callable[..., Any], curriculum: Path, gate: Path, workers: Callable[..., Worker]
+) -> None:
+    with live_server(curriculum=curriculum, grader_workers=0) as url:
+        texts = post_step(url, 0, gate)
+        first = workers(url)
+        eventually(lambda: grading(url, 0)["held"] == SLOTS * GROUP, "the first worker holds every row")
+        first.proc.send_signal(signal.SIGKILL)  # mid-batch: its grader waits on the gate
+        first.proc.wait(timeout=10)
+        gate.unlink()
+        workers(url)
+        state = eventually(lambda: (s := grading(url, 0))["all_consumed"] and s, "the second worker grades them")
+        assert (state["consumed"], state["held"]) == (SLOTS * GROUP, 0)
+        assert rewards(url, 0) == [float(len(t)) for t in texts]
+        assert counted(url) == SLOTS * GROUP
+
+
+def test_a_result_for_rows_no_longer_held_is_refused_with_a_clear_message(
+    live_server: Callable[..., Any], curriculum: Path, gate: Path, workers: Callable[..., Worker]
+) -> None:
+    with live_server(curriculum=curriculum, grader_workers=0) as url:
+        texts = post_step(url, 0, gate)
+        late = workers(url)
+        eventually(lambda: grading(url, 0)["held"] == SLOTS * GROUP, "the first worker holds every row")
+        late.proc.send_signal(signal.SIGSTOP)  # frozen past its lease: its renewals stop too
+        eventually(lambda: grading(url, 0)["held"] == 0, "its lease ends and the rows go back")
+        gate.unlink()
+        other = workers(url)
+        eventually(lambda: grading(url, 0)["all_consumed"], "another worker grades the rows")
+        late.proc.send_signal(signal.SIGCONT)
+        line = eventually(
+            lambda: re.search(
+                r"dropped the rewards of 4 rows: lease \w+… of consumer 'grader' expired .*", late.output()
+            ),
+            "the late worker's result is refused",
+        )
+        assert "drop this result" in line.group(0)
+        assert rewards(url, 0) == [float(len(t)) for t in texts]
+        assert counted(url) == SLOTS * GROUP
+
+        # Over HTTP the refusal is a 409 that says what happened and what to do (no worker left to race).
+        late.stop()
+        other.stop()
+        post_step(url, 1, gate)
+        with DockClient(url) as dock:
+            stale = dock.dispatch(GRADER.name, SLOTS * GROUP, iteration=1, lease_s=0.2)
+        assert stale.lease is not None
+        eventually(lambda: grading(url, 1)["held"] == 0, "the short lease ends")
+        answer = httpx.post(
+            f"{url}/dock/leases/{stale.lease}/collect",
+            json={"columns": {"reward": {"values": [0.0] * 4}, "reward_detail": {"values": [{}] * 4}}},
+        )
+        assert answer.status_code == 409
+        assert answer.json()["code"] == "lease"
+        assert re.match(
+            r"lease \w+… of consumer 'grader' expired [\d.]+s ago; its rows went back to the pool and may be held by "
+            r"another worker: drop this result",
+            answer.json()["detail"],
+        )
+        assert counted(url) == SLOTS * GROUP
+
+
+def test_workers_reconnect_and_finish_after_a_server_restart(
+    server_process: Callable[..., ServerProcess],
+    curriculum: Path,
+    gate: Path,
+    workers: Callable[..., Worker],
+    tmp_path: Path,
+) -> None:
+    server = server_process([str(curriculum), "--state", str(tmp_path / "state.db"), "--grader-workers", "0"])
+    url = server.url
+    steps = range(3)
+    texts = {step: post_step(url, step, gate) for step in steps}
+    pool = [workers(url, lease_s=3.0), workers(url, lease_s=3.0)]
+    eventually(lambda: sum(grading(url, s)["held"] for s in steps) > 0, "the workers hold rows")
+    server.kill()
+    gate.unlink()
+    time.sleep(1.0)  # the workers find no server for a while
+    server.start()
+    for step in steps:
+        eventually(lambda step=step: grading(url, step)["all_consumed"], f"step {step} is graded after the restart")
+        assert rewards(url, step) == [float(len(t)) for t in texts[step]]
+    assert counted(url) == len(steps) * SLOTS * GROUP
+    assert all(w.proc.poll() is None for w in pool), "a worker exited instead of reconnecting"
+    assert any("unreachable" in w.output() for w in pool)
+
+
+def test_a_worker_refuses_remote_graders_whose_headers_were_withheld(
+    live_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    folder = tmp_path / "judged"
+    folder.mkdir()
+    (folder / "judged.yaml").write_text(
+        CURRICULUM.replace("graders: [gate]", "graders: [judge]").replace(
+            "gate: {python: ./graders.py:gate}",
+            "judge: {url: 'http://127.0.0.1:9/score', headers: {Authorization: 'Bearer secret'}}",
+        )
+    )
+    with live_server(curriculum=folder / "judged.yaml", grader_workers=0) as url:
+        assert httpx.get(url + "/graders").json()["sources"]["add"]["remote"][0]["headers"] == {"Authorization": ""}
+        cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", url]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout == (
+        "proctor grade-worker: source 'add' has a remote grader 'judge' with headers, which the server withholds "
+        "because it has no API key; start it with PROCTOR_API_KEY and give the worker the key\n"
+    )

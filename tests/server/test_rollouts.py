@@ -1,0 +1,140 @@
+"""The experience store as the dataserver uses it: the prompt's columns filled when a sampled step's table
+opens, the server's grader role grading what a trainer writes, ``/grade`` through the store, the graders a
+remote worker runs, and a server without grader processes. A real server in a thread, real SQLite."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from proctor.client import DockClient
+from proctor.dock import ShapeConflictError, UnknownIterationError
+from proctor.dock.columns import GRADER
+
+SLOTS, GROUP = 3, 2
+ROWS = [(s, k) for s in range(SLOTS) for k in range(GROUP)]
+
+
+def sample(url: str, step: int, batch_size: int = SLOTS) -> list[dict[str, Any]]:
+    answer = httpx.post(url + "/sample", json={"iteration": step, "batch_size": batch_size})
+    answer.raise_for_status()
+    return answer.json()["samples"]  # type: ignore[no-any-return]
+
+
+def graded(url: str) -> int:
+    return sum(s["graded"] + s["errors"] for s in httpx.get(url + "/curriculum").json()["stages"])
+
+
+def wait_consumed(url: str, step: int) -> None:
+    deadline = time.monotonic() + 60  # a liveness bound, not a measurement
+    while not httpx.get(f"{url}/dock/consumers/grader/tables/{step}").json()["all_consumed"]:
+        assert time.monotonic() < deadline, "the grader role did not grade the rows"
+        time.sleep(0.02)
+
+
+def test_opening_a_sampled_step_fills_each_row_with_its_prompt(live_server: Callable[..., Any]) -> None:
+    with live_server() as url, DockClient(url) as dock:
+        samples = sample(url, 0)
+        info = dock.open(0, slots=SLOTS, group_size=GROUP)
+        assert {k: info.written[k] for k in ("sample_id", "prompt", "reference", "stage")} == dict.fromkeys(
+            ("sample_id", "prompt", "reference", "stage"), SLOTS * GROUP
+        )
+        values = dock.read(0, ROWS, ["sample_id", "prompt", "reference", "stage"])
+        assert values["sample_id"] == [samples[s]["sample_id"] for s, _ in ROWS]
+        assert values["prompt"] == [samples[s]["prompt"] for s, _ in ROWS]
+        assert values["stage"] == ["warm"] * len(ROWS)
+        assert all(set(r) == {"answer", "metadata"} and r["answer"] for r in values["reference"])
+        # Every rank opens the table: opening again fills nothing twice and changes nothing.
+        assert dock.open(0, slots=SLOTS, group_size=GROUP) == dock.table(0)
+
+
+def test_a_sampled_step_opened_with_another_batch_size_is_a_conflict(live_server: Callable[..., Any]) -> None:
+    with live_server() as url:
+        sample(url, 0)
+        answer = httpx.put(url + "/dock/tables/0", json={"slots": SLOTS + 1, "group_size": GROUP})
+        assert answer.status_code == 409
+        assert answer.json()["detail"] == (
+            f"iteration 0 was sampled with batch_size {SLOTS}; open its table with slots={SLOTS} (one slot per "
+            "prompt of the step, across all ranks)"
+        )
+        with DockClient(url) as dock:
+            with pytest.raises(ShapeConflictError, match=f"^iteration 0 was sampled with batch_size {SLOTS};"):
+                dock.open(0, slots=1, group_size=GROUP)  # the store's own error class, on the client too
+            with pytest.raises(UnknownIterationError):
+                dock.table(0)  # nothing was opened
+
+
+def test_the_grader_role_grades_what_a_trainer_writes_and_counts_it_once(live_server: Callable[..., Any]) -> None:
+    with live_server() as url, DockClient(url) as dock:
+        samples = sample(url, 0)
+        dock.open(0, slots=SLOTS, group_size=GROUP)
+        answers = dock.read(0, ROWS, ["reference"])["reference"]
+        # Right answers in index 0 of each group, wrong ones in index 1.
+        texts = [str(r["answer"]) if k == 0 else "no idea" for (_, k), r in zip(ROWS, answers, strict=True)]
+        dock.put(0, ROWS, {"completion": texts, "completion_tokens": [3] * len(ROWS)})
+        wait_consumed(url, 0)
+        got = dock.read(0, ROWS, ["reward", "reward_detail"])
+        assert got["reward"] == [1.0 if k == 0 else 0.0 for _, k in ROWS]
+        assert got["reward_detail"][0] == {"components": {"numeric": 1.0}, "error": None}
+        assert graded(url) == len(ROWS)
+
+        # /grade of the same completions answers the stored grades and counts nothing again.
+        items = [
+            {"sample_id": samples[s]["sample_id"], "slot": s, "completion_index": k, "completion": t}
+            for (s, k), t in zip(ROWS, texts, strict=True)
+        ]
+        results = httpx.post(url + "/grade", json={"iteration": 0, "items": items}).json()["results"]
+        assert [(r["reward"], r["cached"]) for r in results] == [(1.0 if k == 0 else 0.0, True) for _, k in ROWS]
+        assert graded(url) == len(ROWS)
+
+
+def test_grade_for_an_open_table_goes_through_the_store(live_server: Callable[..., Any]) -> None:
+    with live_server() as url, DockClient(url) as dock:
+        samples = sample(url, 0)
+        dock.open(0, slots=SLOTS, group_size=GROUP)
+        items = [
+            {"sample_id": samples[s]["sample_id"], "slot": s, "completion_index": k, "completion": f"answer {s}{k}"}
+            for s, k in ROWS
+        ]
+        results = httpx.post(url + "/grade", json={"iteration": 0, "items": items}).json()["results"]
+        assert [(r["slot"], r["completion_index"], r["cached"]) for r in results] == [(s, k, False) for s, k in ROWS]
+        stored = dock.read(0, ROWS, ["completion", "reward"])
+        assert stored["completion"] == [it["completion"] for it in items]
+        assert stored["reward"] == [r["reward"] for r in results]
+        assert dock.consumption(GRADER.name, 0).all_consumed
+        assert graded(url) == len(ROWS)
+
+
+def test_graders_describes_each_source_for_a_remote_worker(live_server: Callable[..., Any]) -> None:
+    with live_server() as url:
+        body = httpx.get(url + "/graders").json()
+    assert body["timeout_s"] > 0
+    assert body["headers_withheld"] is True
+    qa = body["sources"]["qa"]
+    assert qa["on_error"] == -1.0
+    assert qa["names"] == ["exact_match", "half"]
+    assert qa["local"][0] == {
+        "key": "exact_match",
+        "ref": "builtin:exact_match",
+        "params": {},
+        "weight": 1.0,
+        "multiplicative": False,
+    }
+    assert qa["local"][1]["ref"].endswith("graders.py:half")
+
+
+def test_without_grader_processes_grade_needs_the_store(live_server: Callable[..., Any]) -> None:
+    with live_server(grader_workers=0) as url:
+        samples = sample(url, 0)
+        item = {"sample_id": samples[0]["sample_id"], "completion": "4"}
+        answer = httpx.post(url + "/grade", json={"items": [item]})
+        assert answer.status_code == 503
+        assert answer.json()["detail"].startswith(
+            "this server has no grader processes (PROCTOR_GRADER_WORKERS=0) and grades only through the experience "
+            "store: send each item's iteration and slot, for a step whose table is open"
+        )
+        assert httpx.get(url + "/healthz").status_code == 200
