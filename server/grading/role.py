@@ -100,6 +100,10 @@ class GraderRole:
                 # the pool (or the server is stopping); try again shortly rather than end the role.
                 log.warning("the grader role could not finish a dispatch: %s", exc)
                 await asyncio.sleep(_IDLE_S)
+            except Exception:
+                # A role that ended here would leave every later completion ungraded: log it and go on.
+                log.exception("the grader role failed on a dispatch; its rows go back to the pool")
+                await asyncio.sleep(_IDLE_S)
 
     async def _renew(self, lease: str, lease_s: float) -> float:
         x = self.rollouts.experience
