@@ -11,17 +11,13 @@ from trl import GRPOConfig  # type: ignore[attr-defined]
 
 from bench._timing import StepTimes
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
-from proctor.client.tiny import build_tiny_model, run_defaults
+from proctor.client.tiny import run_defaults
 from proctor.client.trainer import ProctorGRPOTrainer
 
-__all__ = ["WARMUP", "tiny_model", "train_steps"]
+__all__ = ["WARMUP", "train_steps"]
 
 WARMUP = 3
 BATCH, GENERATIONS = 8, 4  # 2 prompts × 4 completions per step
-
-
-def tiny_model(folder: Path) -> Path:
-    return build_tiny_model(folder)
 
 
 def train_steps(url: str, model: Path, out: Path, steps: int, through: Literal["store", "grade"]) -> list[float]:

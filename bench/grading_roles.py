@@ -134,9 +134,10 @@ def _dispatches(url: str) -> int:
 
 
 def overlap(tmp: Path, curriculum: Path, steps: int, rounds: int) -> list[dict[str, Any]]:
-    from bench._grpo_run import tiny_model, train_steps  # needs the `train` extra
+    from bench._grpo_run import train_steps  # these two need the `train` extra
+    from proctor.client.tiny import build_tiny_model
 
-    model = tiny_model(tmp / "tiny")
+    model = build_tiny_model(tmp / "tiny")
     results: list[dict[str, Any]] = []
     times: dict[str, list[float]] = {"store": [], "grade": []}
     for n in range(rounds):

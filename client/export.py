@@ -13,34 +13,20 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 
-from proctor.dock import RowKey, TableInfo, Value
+from proctor.client.dock import DockClient
+from proctor.dock import TableInfo, TransferDock
 
 __all__ = ["export_rollouts"]
 
 _ROWS_PER_READ = 1024
 
 
-class _Readable(Protocol):
-    """What export needs of either face of the store."""
-
-    def tables(self) -> list[TableInfo]: ...
-
-    def read(
-        self,
-        iteration: int,
-        rows: Sequence[RowKey],
-        columns: Sequence[str],
-        *,
-        missing: Literal["error", "none"] = "error",
-    ) -> dict[str, list[Value]]: ...
-
-
 def export_rollouts(
-    dock: _Readable,
+    dock: TransferDock | DockClient,
     out: str | Path,
     *,
     iterations: range | None = None,
@@ -64,7 +50,7 @@ def export_rollouts(
     return _write_parquet(dock, tables, path)
 
 
-def _rows(dock: _Readable, table: TableInfo) -> Iterator[dict[str, Any]]:
+def _rows(dock: TransferDock | DockClient, table: TableInfo) -> Iterator[dict[str, Any]]:
     keys = [(s, k) for s in range(table.slots) for k in range(table.group_size)]
     names = sorted(table.written)
     for start in range(0, len(keys), _ROWS_PER_READ):
@@ -78,7 +64,7 @@ def _rows(dock: _Readable, table: TableInfo) -> Iterator[dict[str, Any]]:
             yield row
 
 
-def _write_parquet(dock: _Readable, tables: Sequence[TableInfo], path: Path) -> int:
+def _write_parquet(dock: TransferDock | DockClient, tables: Sequence[TableInfo], path: Path) -> int:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq

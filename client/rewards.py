@@ -171,8 +171,7 @@ class RemoteReward:
             wait = min(wait * 2, _POLL_S[1])
         grades: list[_Grade] = []
         for reward, detail in zip(values[col.REWARD], values[col.REWARD_DETAIL], strict=True):
-            d = detail if isinstance(detail, dict) else {}
-            grades.append((float(reward), d.get("components") or {}, d.get("error")))
+            grades.append((float(reward), *col.parse_reward_detail(detail)))
         return grades
 
     # --- /grade's way ---------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ anywhere) reads both and writes the reward. Any other role adds columns of its o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from proctor.dock.dock import Consumer
 
 __all__ = [
@@ -20,6 +23,8 @@ __all__ = [
     "REWARD_DETAIL",
     "SAMPLE_ID",
     "STAGE",
+    "parse_reward_detail",
+    "reward_detail",
 ]
 
 # Written by the dataserver when the table of a step it sampled is opened, for every row of each slot.
@@ -52,3 +57,17 @@ GRADER = Consumer(
     produces=(REWARD, REWARD_DETAIL),
 )
 """The grader role, as the dataserver registers it."""
+
+
+def reward_detail(components: Mapping[str, float], error: str | None) -> dict[str, Any]:
+    """The ``reward_detail`` cell of a grade."""
+    return {"components": dict(components), "error": error}
+
+
+def parse_reward_detail(value: Any) -> tuple[dict[str, float], str | None]:
+    """``(components, error)`` from a ``reward_detail`` cell (empty and None for anything else)."""
+    if not isinstance(value, dict):
+        return {}, None
+    components = value.get("components") or {}
+    error = value.get("error")
+    return {str(k): float(v) for k, v in components.items()}, None if error is None else str(error)

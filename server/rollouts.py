@@ -79,11 +79,6 @@ class Rollouts:
         await x.call(_put, x.dock, iteration, body)
         await self._notify()
 
-    async def put_values(self, iteration: int, rows: Sequence[RowKey], columns: Mapping[str, Sequence[Value]]) -> None:
-        x = self.experience
-        await x.call(x.dock.put, iteration, rows, columns)
-        await self._notify()
-
     async def write_completions(
         self, iteration: int, rows: Sequence[RowKey], texts: Sequence[str], tokens: Sequence[int | None]
     ) -> bool:
@@ -103,10 +98,20 @@ class Rollouts:
         """Collect a lease; the grader role's collections are stored and counted as grades."""
         x = self.experience
         collected = await x.call(x.dock.collect, lease, columns)
-        if collected.consumer == col.GRADER.name:
-            await self._record_grades(collected)
-        await self._notify()
+        await self._collected(collected, columns)
         return collected
+
+    async def collect_wire(self, lease: str, body: dw.CollectRequest) -> Collected:
+        """:meth:`collect` for a ``/dock`` request: its columns are decoded on the store's thread too."""
+        x = self.experience
+        collected, columns = await x.call(_collect, x.dock, lease, body)
+        await self._collected(collected, columns)
+        return collected
+
+    async def _collected(self, collected: Collected, columns: Mapping[str, Sequence[Value]]) -> None:
+        if collected.consumer == col.GRADER.name:
+            await self._record_grades(collected, columns)
+        await self._notify()
 
     @property
     def version(self) -> int:
@@ -146,34 +151,36 @@ class Rollouts:
                     ) from None
                 await self.wait_for_change(since, left)
 
-    async def _record_grades(self, collected: Collected) -> None:
+    async def _record_grades(self, collected: Collected, columns: Mapping[str, Sequence[Value]]) -> None:
+        """Store and count the grades the grader role collected. Its reward columns are in ``columns``, unless
+        a collection left them out (they were written before, or not at all: such rows have no grade)."""
         x = self.experience
-        names = (col.SAMPLE_ID, col.COMPLETION, col.REWARD, col.REWARD_DETAIL)
-        values = await x.call(x.dock.read, collected.iteration, collected.rows, names)
+        rewards = (col.REWARD, col.REWARD_DETAIL)
+        names = (col.SAMPLE_ID, col.COMPLETION, *(c for c in rewards if c not in columns))
+        read = await x.call(x.dock.read, collected.iteration, collected.rows, names, missing="none")
+        values = {**read, **{c: columns[c] for c in rewards if c in columns}}
         stage = self.ctx.progress.stage_of(collected.iteration)
         grades: list[GradeRow] = []
         for n, (slot, index) in enumerate(collected.rows):
-            sample_id = str(values[col.SAMPLE_ID][n])
-            detail: Any = values[col.REWARD_DETAIL][n]
-            detail = detail if isinstance(detail, dict) else {}
+            sample_id, reward = values[col.SAMPLE_ID][n], values[col.REWARD][n]
+            if sample_id is None or reward is None:
+                continue
             sha = hashlib.sha256(str(values[col.COMPLETION][n]).encode()).hexdigest()
-            source = sample_id.split(":", 1)[0]
-            grades.append(
-                GradeRow(
-                    (collected.iteration, sample_id, slot, index, sha),
-                    stage,
-                    source,
-                    float(values[col.REWARD][n]),
-                    {str(k): float(v) for k, v in (detail.get("components") or {}).items()},
-                    detail.get("error"),
-                )
-            )
+            components, error = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
+            key = (collected.iteration, str(sample_id), slot, index, sha)
+            source = SampleId.parse(str(sample_id)).source
+            grades.append(GradeRow(key, stage, source, float(reward), components, error))
         await self.ledger.record(grades)
 
     async def _notify(self) -> None:
         async with self._changed:
             self._version += 1
             self._changed.notify_all()
+
+
+def _collect(dock: TransferDock, lease: str, body: dw.CollectRequest) -> tuple[Collected, dict[str, list[Value]]]:
+    columns = dw.columns_from_wire(body.columns)
+    return dock.collect(lease, columns), columns
 
 
 def _put(dock: TransferDock, iteration: int, body: dw.PutRequest) -> None:

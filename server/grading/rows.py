@@ -34,14 +34,14 @@ async def grade_rows(
         source = _source(sample_id)
         found = graders.get(source) if source is not None else None
         if found is None:
-            details[n] = {"components": {}, "error": f"no graders for the source of sample id {sample_id!r} here"}
+            details[n] = col.reward_detail({}, f"no graders for the source of sample id {sample_id!r} here")
             continue
         reference: Any = columns[col.REFERENCE][n]
         if not isinstance(reference, dict):
             reference = {}
         if reference.get("stale"):
             rewards[n] = found.on_error
-            details[n] = {"components": {}, "error": str(reference["stale"])}
+            details[n] = col.reward_detail({}, str(reference["stale"]))
             continue
         tokens = columns[col.COMPLETION_TOKENS][n]
         work.append(
@@ -61,7 +61,7 @@ async def grade_rows(
     for n, (found, _), per_grader in zip(positions, work, outcomes, strict=True):
         c = compose(found, per_grader)
         rewards[n] = c.reward
-        details[n] = {"components": c.components, "error": c.error}
+        details[n] = col.reward_detail(c.components, c.error)
     return {col.REWARD: rewards, col.REWARD_DETAIL: details}
 
 

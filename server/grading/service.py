@@ -14,7 +14,6 @@ import asyncio
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from proctor.dock import columns as col
 from proctor.server import protocol as wire
@@ -83,7 +82,8 @@ class GradingService:
                 if it.record is not None and ((prior := stored.get(it.key)) is None or prior.error is not None)
             ]
             queued = await self._queue(req.iteration, [it for it in fresh if it.key not in stored])
-            direct = [it for it in fresh if id(it) not in {id(q) for q in queued}] if queued else fresh
+            in_store = {id(it) for it in queued}
+            direct = [it for it in fresh if id(it) not in in_store]
             if direct and self.fanout is None:
                 raise UnavailableError(
                     "this server has no grader processes (PROCTOR_GRADER_WORKERS=0) and grades only through the "
@@ -121,11 +121,8 @@ class GradingService:
         values = await self.rollouts.rewards(iteration, [(it.slot or 0, it.completion_index) for it in queued], timeout)
         out: dict[GradeKey, GradeRow] = {}
         for n, it in enumerate(queued):
-            detail: Any = values[col.REWARD_DETAIL][n]
-            detail = detail if isinstance(detail, dict) else {}
-            components = {str(k): float(v) for k, v in (detail.get("components") or {}).items()}
-            reward = float(values[col.REWARD][n])
-            out[it.key] = GradeRow(it.key, it.stage, it.source, reward, components, detail.get("error"))
+            components, error = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
+            out[it.key] = GradeRow(it.key, it.stage, it.source, float(values[col.REWARD][n]), components, error)
         return out
 
     async def _store_and_answer(

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import httpx
 
@@ -60,14 +61,14 @@ def source_graders(spec: wire.Graders) -> dict[str, SourceGraders]:
     }
 
 
+@dataclass
 class WorkerStats:
     """What a worker did: rows graded and collected, results refused (their lease had ended), and how often
     the server could not be reached."""
 
-    def __init__(self) -> None:
-        self.graded = 0
-        self.refused = 0
-        self.unreachable = 0
+    graded: int = 0
+    refused: int = 0
+    unreachable: int = 0
 
 
 class GradeWorker:

@@ -178,9 +178,7 @@ async def collect(
 
     The ``grader`` role's results are grades: they are stored and counted in the curriculum's statistics.
     """
-    x = server.experience
-    columns = await x.call(dw.columns_from_wire, body.columns)
-    return _json(dw.CollectedBody.of(await server.rollouts.collect(lease, columns)))
+    return _json(dw.CollectedBody.of(await server.rollouts.collect_wire(lease, body)))
 
 
 @router.post(

@@ -49,7 +49,7 @@ def test_opening_a_sampled_step_fills_each_row_with_its_prompt(live_server: Call
         assert values["stage"] == ["warm"] * len(ROWS)
         assert all(set(r) == {"answer", "metadata"} and r["answer"] for r in values["reference"])
         # Every rank opens the table: opening again fills nothing twice and changes nothing.
-        assert dock.open(0, slots=SLOTS, group_size=GROUP) == dock.table(0)
+        assert dock.open(0, slots=SLOTS, group_size=GROUP) == info
 
 
 def test_a_sampled_step_opened_with_another_batch_size_is_a_conflict(live_server: Callable[..., Any]) -> None:
