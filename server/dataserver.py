@@ -19,10 +19,14 @@ from proctor.dock.columns import GRADER
 from proctor.server import protocol as wire
 from proctor.server import views
 from proctor.server.context import ServingContext
+from proctor.server.curriculum.adaptive import AdaptiveSampling, finite_sizes
 from proctor.server.curriculum.engine import StageSchedule
+from proctor.server.curriculum.items import ItemStatistics
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
+from proctor.server.curriculum.samplers import SamplerState
 from proctor.server.curriculum.statistics import CurriculumStatistics
+from proctor.server.curriculum.timeline import RECENT_ERRORS, TIMELINE_ITERATIONS, Timeline
 from proctor.server.experience import ExperienceStore
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.ledger import GradeLedger
@@ -104,10 +108,16 @@ class Dataserver:
     def curriculum_state(self) -> wire.CurriculumState:
         return views.curriculum_state(self.ctx.progress)
 
+    def dashboard(self) -> wire.Dashboard:
+        return views.dashboard(self.ctx.progress)
+
 
 async def _restore(curriculum: Curriculum, storage: AsyncStore) -> CurriculumProgress:
     statistics = CurriculumStatistics(curriculum.stages)
-    stored = await storage.stored_progress(len(curriculum.stages), statistics.window_size)
+    sizes = finite_sizes(curriculum)
+    stored = await storage.stored_progress(
+        len(curriculum.stages), statistics.window_size, sizes, (TIMELINE_ITERATIONS, RECENT_ERRORS)
+    )
     for stage in range(len(curriculum.stages)):
         t = stored.totals.get(stage, StageTotals())
         statistics.restore(
@@ -120,4 +130,11 @@ async def _restore(curriculum: Curriculum, storage: AsyncStore) -> CurriculumPro
             recent=stored.recent_rewards.get(stage, []),
         )
     schedule = StageSchedule(curriculum.stages, stored.transitions, decided_through=stored.decided_through)
-    return CurriculumProgress(curriculum, schedule, statistics, stored.last_iteration)
+    items = ItemStatistics(sizes)
+    for source, rows in stored.items.items():
+        items.restore(source, rows)
+    state = SamplerState.from_json(stored.sampler_state) if stored.sampler_state is not None else SamplerState()
+    timeline = Timeline()
+    timeline.restore(stored.iterations, stored.recent_errors)
+    adaptive = AdaptiveSampling(curriculum, items, state)
+    return CurriculumProgress(curriculum, schedule, statistics, stored.last_iteration, adaptive, timeline)

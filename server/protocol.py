@@ -22,14 +22,18 @@ __all__ = [
     "MAX_ITERATION",
     "SAMPLE_ID_PATTERN",
     "CurriculumState",
+    "Dashboard",
     "GradeItem",
     "GradeRequest",
     "GradeResponse",
     "GradeResult",
+    "GraderErrorEntry",
     "Graders",
     "Health",
+    "IterationPoint",
     "LocalGraderSpec",
     "Meta",
+    "PassRateHistogram",
     "RemoteGraderSpec",
     "Sample",
     "SampleRequest",
@@ -288,6 +292,7 @@ class StageState(_Wire):
     mean_reward: float | None = None
     rolling_reward: float | None = Field(description="Mean of the gate's window of latest grades.")
     rolling_count: int
+    sampler: str = Field(default="uniform", description="How the stage chooses records within each source.")
 
 
 class CurriculumState(_Wire):
@@ -299,6 +304,50 @@ class CurriculumState(_Wire):
     total_iterations: int
     transitions: list[Transition]
     stages: list[StageState]
+
+
+class IterationPoint(_Wire):
+    """One sampled iteration as its grades came in."""
+
+    iteration: int
+    stage: str
+    stage_index: int
+    graded: int = Field(description="Completions graded without error.")
+    errors: int = Field(description="Completions whose grading failed.")
+    mean_reward: float | None = Field(description="Mean reward of the completions graded without error.")
+    groups: int = Field(description="Groups (one prompt's completions) with at least two graded completions.")
+    zero_variance_groups: int = Field(description="Of those, groups whose completions all got the same reward.")
+
+
+class PassRateHistogram(_Wire):
+    """A source's records by the posterior mean of their pass rate (records with a graded group only)."""
+
+    source: str
+    records: int | None = Field(description="Records in the source; null for an endless generator (not tracked).")
+    graded_records: int
+    bins: list[int] = Field(description="Counts over 10 equal bins of [0, 1]: [0, 0.1), …, [0.9, 1].")
+    mean_pass_rate: float | None
+
+
+class GraderErrorEntry(_Wire):
+    iteration: int
+    sample_id: str
+    error: str
+
+
+class Dashboard(_Wire):
+    """Everything the live page at ``GET /`` draws, in one answer."""
+
+    curriculum: str
+    current_stage: str
+    last_iteration: int | None
+    total_iterations: int
+    stages: list[StageState]
+    transitions: list[Transition]
+    iterations: list[IterationPoint] = Field(description="The latest sampled iterations (at most 2048), oldest first.")
+    pass_rates: list[PassRateHistogram]
+    grader_errors: int = Field(description="Completions whose grading failed, over the whole run.")
+    recent_errors: list[GraderErrorEntry] = Field(description="The latest grader errors (at most 20), newest first.")
 
 
 class Health(_Wire):

@@ -78,8 +78,11 @@ class SamplingService:
 
     async def _new_iteration(self, iteration: int, batch_size: int) -> tuple[ServedBatch, asyncio.Future[None]]:
         """Decide and draw a new iteration, and queue it for the next group commit."""
-        stage, transitions = self.ctx.progress.begin(iteration, batch_size)
-        picks = self.mixer.draw(iteration, batch_size, self.ctx.progress.stage_of)
+        draw = self.ctx.progress.draw(iteration, batch_size, self.mixer)
+        # An adaptive stage chooses its records a part at a time: the loop is handed back between parts.
+        for _ in draw.steps():
+            await asyncio.sleep(0)
+        stage, transitions, picks = draw.stage, draw.transitions, draw.picks
         # Records are built and encoded a slice at a time (a generated one costs tens of microseconds); the
         # lock is held meanwhile, so every other request for a new iteration waits for this one.
         samples: list[dict[str, Any]] = []
@@ -91,7 +94,7 @@ class SamplingService:
         batch = ServedBatch(
             iteration, batch_size, stage, stage_name, tuple(encoded), tuple(s["sample_id"] for s in samples)
         )
-        row = IterationRow(iteration, batch_size, stage, samples)
+        row = IterationRow(iteration, batch_size, stage, samples, draw.decision)
         committed = self.ctx.storage.record_iteration(row, transitions, batch.samples_json())
         self._pending[iteration] = (batch, committed)
         committed.add_done_callback(lambda fut: self._on_committed(batch, fut))

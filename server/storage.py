@@ -16,14 +16,24 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
+from proctor.server.curriculum.adaptive import finite_sizes
 from proctor.server.curriculum.engine import TransitionRecord
+from proctor.server.curriculum.items import ItemTracking
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import UnavailableError
 from proctor.server.history import adopt_history, read_history
 from proctor.server.settings import Settings
-from proctor.server.store import GradeKey, GradeOutcome, GradeRow, IterationRow, StageTotals, Store
+from proctor.server.store import (
+    GradeKey,
+    GradeRow,
+    IterationRow,
+    IterationTotals,
+    StageTotals,
+    Store,
+    StoredGrades,
+)
 
 __all__ = ["AsyncStore", "StoredProgress"]
 
@@ -47,6 +57,10 @@ class StoredProgress:
     last_iteration: int | None
     totals: dict[int, StageTotals]
     recent_rewards: dict[int, list[float]]  # per stage, oldest first
+    items: dict[str, list[tuple[int, float, float, int, int, int]]]  # per finite source, see Store.item_rows
+    sampler_state: dict[str, Any] | None  # after the latest iteration an adaptive stage decided
+    iterations: list[IterationTotals]  # the latest iterations, for the live page
+    recent_errors: list[tuple[int, str, str]]
 
 
 class AsyncStore:
@@ -73,6 +87,14 @@ class AsyncStore:
             await loop.run_in_executor(
                 thread,
                 lambda: store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed),
+            )
+            spec = curriculum.spec
+            store.track_items(
+                ItemTracking(
+                    pass_thresholds={name: src.pass_threshold for name, src in spec.sources.items()},
+                    finite=frozenset(finite_sizes(curriculum)),
+                    decay=spec.statistics.decay,
+                )
             )
             if settings.transitions is not None:
                 history = read_history(settings.transitions, curriculum)
@@ -130,15 +152,25 @@ class AsyncStore:
 
     # --- reads --------------------------------------------------------------------------------------------
 
-    async def stored_progress(self, stages: int, window: Callable[[int], int]) -> StoredProgress:
-        """Everything :class:`StoredProgress` holds; ``window(stage)`` is how many recent rewards to read."""
+    async def stored_progress(
+        self, stages: int, window: Callable[[int], int], finite: Iterable[str], timeline: tuple[int, int]
+    ) -> StoredProgress:
+        """Everything :class:`StoredProgress` holds; ``window(stage)`` is how many recent rewards to read, and
+        ``timeline`` how many of the latest iterations and grader errors."""
         s = self._store
+        last = await self._on_thread(s.last_iteration)
+        iterations, errors = timeline
+        decision = await self._on_thread(s.last_decision)
         return StoredProgress(
             transitions=await self._on_thread(s.transitions),
             decided_through=await self._on_thread(s.decided_through),
-            last_iteration=await self._on_thread(s.last_iteration),
+            last_iteration=last,
             totals=await self._on_thread(s.stage_totals),
             recent_rewards={i: await self._on_thread(s.recent_rewards, i, window(i)) for i in range(stages)},
+            items={source: await self._on_thread(s.item_rows, source) for source in finite},
+            sampler_state=None if decision is None else decision[1],
+            iterations=await self._on_thread(s.iteration_totals, 0 if last is None else max(0, last - iterations + 1)),
+            recent_errors=await self._on_thread(s.recent_errors, errors),
         )
 
     async def get_iteration(self, iteration: int) -> IterationRow | None:
@@ -206,7 +238,7 @@ class AsyncStore:
         else:
             self._idle.set()
 
-    async def insert_grades(self, rows: Sequence[GradeRow]) -> list[GradeOutcome]:
+    async def insert_grades(self, rows: Sequence[GradeRow]) -> StoredGrades:
         """Store grades in one transaction (see :meth:`Store.insert_grades`); a failed write stops the server
         and is a 503."""
         try:

@@ -26,21 +26,26 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from proctor.server.curriculum.engine import TransitionRecord
+from proctor.server.curriculum.items import NEW_GROUP, ZERO_VARIANCE, GroupState, ItemState, ItemTracking, fold_grade
 from proctor.server.exceptions import ProctorError
 
 __all__ = [
     "NO_SLOT",
+    "DecisionRow",
     "GradeKey",
     "GradeOutcome",
     "GradeRow",
+    "GroupChange",
     "IterationRow",
+    "IterationTotals",
     "SQLiteVersionError",
     "StageTotals",
     "StateMismatchError",
     "Store",
+    "StoredGrades",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 T = TypeVar("T")
 
 # Rows and keys per statement: far below SQLite's limit of 32,766 bound values.
@@ -91,6 +96,39 @@ CREATE TABLE IF NOT EXISTS served (
     sample_id TEXT PRIMARY KEY,
     iteration INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS grades_errors ON grades (seq) WHERE error IS NOT NULL;
+-- Per-record state of the finite sources (proctor.server.curriculum.items), folded in with the grades.
+CREATE TABLE IF NOT EXISTS items (
+    source TEXT NOT NULL,
+    key INTEGER NOT NULL,
+    passes REAL NOT NULL DEFAULT 0,
+    fails REAL NOT NULL DEFAULT 0,
+    groups INTEGER NOT NULL DEFAULT 0,
+    streak INTEGER NOT NULL DEFAULT 0,
+    streak_before INTEGER NOT NULL DEFAULT 0,
+    last_iteration INTEGER NOT NULL DEFAULT -1,
+    last_slot INTEGER NOT NULL DEFAULT -1,
+    served_epoch INTEGER NOT NULL DEFAULT -1,
+    PRIMARY KEY (source, key)
+) WITHOUT ROWID;
+-- One prompt's graded completions at one iteration: count, mean reward, Welford's sum of squares.
+CREATE TABLE IF NOT EXISTS groups (
+    iteration INTEGER NOT NULL,
+    sample_id TEXT NOT NULL,
+    slot INTEGER NOT NULL,
+    n INTEGER NOT NULL,
+    mean REAL NOT NULL,
+    m2 REAL NOT NULL,
+    PRIMARY KEY (iteration, sample_id, slot)
+) WITHOUT ROWID;
+-- What an adaptive stage decided for an iteration, and the samplers' state after it.
+CREATE TABLE IF NOT EXISTS decisions (
+    iteration INTEGER PRIMARY KEY,
+    stage INTEGER NOT NULL,
+    sampler TEXT NOT NULL,
+    state TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
 """
 
 # Version 1 keyed grades without a slot and kept no served index; both are rebuilt from what it stored.
@@ -112,6 +150,8 @@ INSERT INTO served (sample_id, iteration)
 UPDATE meta SET value = '2' WHERE key = 'schema_version';
 """
 )
+# Version 2 had no per-record state: the new tables start empty (the grades before them are not folded in).
+_MIGRATE_2_TO_3 = _SCHEMA + "UPDATE meta SET value = '3' WHERE key = 'schema_version';"
 
 
 class StateMismatchError(ProctorError, RuntimeError):
@@ -123,11 +163,23 @@ class SQLiteVersionError(ProctorError, RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class DecisionRow:
+    """An adaptive stage's decision for one iteration: the samplers' state after it, what the page shows of
+    it, and the records it served in an epoch (``(source, key, epoch)``), which are marked served."""
+
+    sampler: str
+    state: dict[str, Any]
+    detail: dict[str, Any]
+    served: Sequence[tuple[str, int, int]] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class IterationRow:
     iteration: int
     batch_size: int
     stage: int
     samples: list[dict[str, Any]]
+    decision: DecisionRow | None = None
 
 
 # (iteration, sample_id, slot or NO_SLOT, completion_index, sha256 of the completion): what makes a grade
@@ -144,6 +196,38 @@ class GradeRow:
     reward: float
     components: dict[str, float]
     error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupChange:
+    """A group that got grades: its state before (``n == 0`` when new) and after."""
+
+    iteration: int
+    before: GroupState
+    after: GroupState
+
+
+@dataclass(frozen=True, slots=True)
+class StoredGrades:
+    """What :meth:`Store.insert_grades` did: an outcome per row, the new state of each record the new grades
+    touched (``(source, key, state)``), and the groups they changed."""
+
+    outcomes: list[GradeOutcome]
+    items: list[tuple[str, int, ItemState]]
+    groups: list[GroupChange]
+
+
+@dataclass(frozen=True, slots=True)
+class IterationTotals:
+    """One iteration's grades, for the live page."""
+
+    iteration: int
+    stage: int
+    graded: int
+    errors: int
+    reward_sum: float
+    groups: int
+    zero_variance_groups: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +262,10 @@ class Store:
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         if self._schema_version() == "1":
             self._db.executescript("BEGIN IMMEDIATE;" + _MIGRATE_1_TO_2 + "COMMIT;")
+        if self._schema_version() == "2":
+            self._db.executescript("BEGIN IMMEDIATE;" + _MIGRATE_2_TO_3 + "COMMIT;")
         self._db.executescript(_SCHEMA)
+        self._tracking = ItemTracking({}, frozenset(), 1.0)
         # A connection of its own for checkpoints, used from the checkpoint thread. The lock keeps `close`
         # from closing it under a checkpoint still running there: cancelling the task that awaits a thread does
         # not stop the thread, and SQLite crashes the process on a connection closed mid-statement.
@@ -289,6 +376,21 @@ class Store:
                     [(sid, row.iteration) for sid in {s["sample_id"] for s in row.samples}],
                 )
                 self._insert_transitions(transitions, now)
+                if row.decision is not None:
+                    self._record_decision(row.iteration, row.stage, row.decision)
+
+    def _record_decision(self, iteration: int, stage: int, decision: DecisionRow) -> None:
+        self._db.execute(
+            "INSERT INTO decisions (iteration, stage, sampler, state, detail) VALUES (?, ?, ?, ?, ?)",
+            (iteration, stage, decision.sampler, json.dumps(decision.state), json.dumps(decision.detail)),
+        )
+        for part in _parts(list(decision.served), _ROWS_PER_STATEMENT):
+            self._db.execute(
+                "INSERT INTO items (source, key, served_epoch) VALUES "
+                + ",".join(["(?,?,?)"] * len(part))
+                + " ON CONFLICT (source, key) DO UPDATE SET served_epoch = excluded.served_epoch",
+                [v for entry in part for v in entry],
+            )
 
     def adopt_transitions(self, transitions: Sequence[TransitionRecord], decided_through: int | None) -> None:
         """Record transitions decided by another run, and how far that run had decided (see
@@ -372,10 +474,17 @@ class Store:
                 out[k] = GradeRow(k, stage, source, reward, json.loads(components), error)
         return out
 
-    def insert_grades(self, rows: Sequence[GradeRow]) -> list[GradeOutcome]:
+    def track_items(self, tracking: ItemTracking) -> None:
+        """Fold every grade stored from now on into its group and, for the finite sources, its record."""
+        self._tracking = tracking
+
+    def insert_grades(self, rows: Sequence[GradeRow]) -> StoredGrades:
         """Store grades in one transaction. Per row: ``inserted``; ``replaced_error`` when it replaces a stored
         error result of the same key (errors are retried, successes are final); ``exists`` when a successful
-        grade of that key was already stored (a concurrent duplicate), which the caller reads back instead."""
+        grade of that key was already stored (a concurrent duplicate), which the caller reads back instead.
+
+        In the same transaction, each new error-free grade is folded into its group and its record
+        (:mod:`proctor.server.curriculum.items`), so the per-record state never runs ahead of the grades."""
         now = time.time()
         written: dict[GradeKey, GradeOutcome] = {}
         with self._tx():
@@ -400,7 +509,72 @@ class Store:
                 ).fetchall()
                 for seq, *key in returned:
                     written[(key[0], key[1], key[2], key[3], key[4])] = "inserted" if seq > before else "replaced_error"
-        return [written.get(r.key, "exists") for r in rows]
+            items, groups = self._fold([r for r in rows if r.error is None and r.key in written])
+        return StoredGrades([written.get(r.key, "exists") for r in rows], items, groups)
+
+    def _fold(self, rows: Sequence[GradeRow]) -> tuple[list[tuple[str, int, ItemState]], list[GroupChange]]:
+        if not rows:
+            return [], []
+        tracking = self._tracking
+        group_keys = list(dict.fromkeys((r.key[0], r.key[1], r.key[2]) for r in rows))
+        groups = dict.fromkeys(group_keys, NEW_GROUP)
+        for gpart in _parts(group_keys, _KEYS_PER_STATEMENT):
+            values = ",".join(["(?,?,?)"] * len(gpart))
+            for iteration, sample_id, slot, n, mean, m2 in self._db.execute(
+                f"WITH k (iteration, sample_id, slot) AS (VALUES {values}) SELECT g.iteration, g.sample_id, g.slot,"
+                " g.n, g.mean, g.m2 FROM k JOIN groups AS g USING (iteration, sample_id, slot)",
+                [v for gkey in gpart for v in gkey],
+            ):
+                groups[(iteration, sample_id, slot)] = GroupState(n, mean, m2)
+        first = dict(groups)
+        record_keys = list(
+            dict.fromkeys((r.source, _record_key(r.key[1])) for r in rows if r.source in tracking.finite)
+        )
+        items = {k: ItemState() for k in record_keys}
+        for ipart in _parts(record_keys, _KEYS_PER_STATEMENT):
+            values = ",".join(["(?,?)"] * len(ipart))
+            for source, record, *fields in self._db.execute(
+                f"WITH k (source, key) AS (VALUES {values}) SELECT i.source, i.key, i.passes, i.fails, i.groups,"
+                " i.streak, i.streak_before, i.last_iteration, i.last_slot, i.served_epoch"
+                " FROM k JOIN items AS i USING (source, key)",
+                [v for ikey in ipart for v in ikey],
+            ):
+                passes, fails, n_groups, streak, streak_before, last_iteration, last_slot, served = fields
+                items[(source, record)] = ItemState(
+                    passes, fails, n_groups, streak, streak_before, (last_iteration, last_slot), served
+                )
+        for r in rows:
+            gkey = (r.key[0], r.key[1], r.key[2])
+            group = groups[gkey]
+            updated = groups[gkey] = group.add(r.reward)
+            if r.source in tracking.finite:
+                ikey = (r.source, _record_key(r.key[1]))
+                passed = r.reward >= tracking.pass_thresholds.get(r.source, 1.0)
+                items[ikey] = fold_grade(items[ikey], group, updated, (r.key[0], r.key[2]), passed, tracking.decay)
+        for gpart in _parts(group_keys, _ROWS_PER_STATEMENT):
+            self._db.execute(
+                "INSERT OR REPLACE INTO groups (iteration, sample_id, slot, n, mean, m2) VALUES "
+                + ",".join(["(?,?,?,?,?,?)"] * len(gpart)),
+                [v for k in gpart for v in (*k, groups[k].n, groups[k].mean, groups[k].m2)],
+            )
+        for ipart in _parts(record_keys, _ROWS_PER_STATEMENT):
+            # served_epoch is the sampler's to write (with the iterations), never the grades'.
+            self._db.execute(
+                "INSERT INTO items (source, key, passes, fails, groups, streak, streak_before, last_iteration,"
+                " last_slot) VALUES "
+                + ",".join(["(?,?,?,?,?,?,?,?,?)"] * len(ipart))
+                + " ON CONFLICT (source, key) DO UPDATE SET passes = excluded.passes, fails = excluded.fails,"
+                " groups = excluded.groups, streak = excluded.streak, streak_before = excluded.streak_before,"
+                " last_iteration = excluded.last_iteration, last_slot = excluded.last_slot",
+                [
+                    v
+                    for k in ipart
+                    for st in (items[k],)
+                    for v in (*k, st.passes, st.fails, st.groups, st.streak, st.streak_before, *st.last_group)
+                ],
+            )
+        changes = [GroupChange(k[0], first[k], groups[k]) for k in group_keys]
+        return [(source, key, items[(source, key)]) for source, key in record_keys], changes
 
     # --- statistics for a restart -----------------------------------------------------------------------
 
@@ -425,8 +599,73 @@ class Store:
         ).fetchall()
         return [r[0] for r in reversed(rows)]
 
+    def item_rows(self, source: str) -> list[tuple[int, float, float, int, int, int]]:
+        """Every stored record of ``source``: ``(key, passes, fails, groups, streak, served_epoch)``."""
+        return self._db.execute(
+            "SELECT key, passes, fails, groups, streak, served_epoch FROM items WHERE source = ?", (source,)
+        ).fetchall()
+
+    def last_decision(self) -> tuple[int, dict[str, Any]] | None:
+        """The latest iteration an adaptive stage decided, and the samplers' state after it."""
+        row = self._db.execute("SELECT iteration, state FROM decisions ORDER BY iteration DESC LIMIT 1").fetchone()
+        return None if row is None else (int(row[0]), json.loads(row[1]))
+
+    def decision_details(self, first: int) -> dict[int, tuple[str, dict[str, Any]]]:
+        """``(sampler, detail)`` of the decided iterations from ``first`` on."""
+        return {
+            int(i): (sampler, json.loads(detail))
+            for i, sampler, detail in self._db.execute(
+                "SELECT iteration, sampler, detail FROM decisions WHERE iteration >= ?", (first,)
+            )
+        }
+
+    def iteration_totals(self, first: int) -> list[IterationTotals]:
+        """Per iteration from ``first`` on: its grades and its groups, in iteration order."""
+        out: dict[int, dict[str, Any]] = {}
+        for iteration, stage in self._db.execute(
+            "SELECT iteration, stage FROM iterations WHERE iteration >= ? ORDER BY iteration", (first,)
+        ):
+            out[iteration] = {"stage": stage}
+        for iteration, graded, errors, reward_sum in self._db.execute(
+            "SELECT iteration, SUM(error IS NULL), SUM(error IS NOT NULL), SUM(CASE WHEN error IS NULL THEN reward END)"
+            " FROM grades WHERE iteration >= ? GROUP BY iteration",
+            (first,),
+        ):
+            if iteration in out:
+                out[iteration].update(graded=graded or 0, errors=errors or 0, reward_sum=reward_sum or 0.0)
+        for iteration, counted, zero in self._db.execute(
+            f"SELECT iteration, SUM(n >= 2), SUM(n >= 2 AND m2 <= {ZERO_VARIANCE!r}) FROM groups WHERE iteration >= ?"
+            " GROUP BY iteration",
+            (first,),
+        ):
+            if iteration in out:
+                out[iteration].update(groups=counted or 0, zero_variance_groups=zero or 0)
+        return [
+            IterationTotals(
+                iteration,
+                fields["stage"],
+                fields.get("graded", 0),
+                fields.get("errors", 0),
+                fields.get("reward_sum", 0.0),
+                fields.get("groups", 0),
+                fields.get("zero_variance_groups", 0),
+            )
+            for iteration, fields in out.items()
+        ]
+
+    def recent_errors(self, limit: int) -> list[tuple[int, str, str]]:
+        """The latest ``limit`` grader errors, newest first: ``(iteration, sample_id, error)``."""
+        return self._db.execute(
+            "SELECT iteration, sample_id, error FROM grades WHERE error IS NOT NULL ORDER BY seq DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+def _record_key(sample_id: str) -> int:
+    return int(sample_id.rsplit(":", 1)[1])
 
 
 def _parts(items: list[T], size: int) -> Iterator[list[T]]:

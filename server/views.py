@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from proctor.server import __version__
 from proctor.server import protocol as wire
+from proctor.server.curriculum.items import PASS_RATE_BINS
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.settings import Settings
 
-__all__ = ["curriculum_state", "graders", "meta"]
+__all__ = ["curriculum_state", "dashboard", "graders", "meta"]
 
 
 def meta(curriculum: Curriculum, settings: Settings) -> wire.Meta:
@@ -87,6 +88,7 @@ def curriculum_state(progress: CurriculumProgress) -> wire.CurriculumState:
             mean_reward=tally.mean,
             rolling_reward=tally.rolling,
             rolling_count=len(tally.window),
+            sampler=c.spec.stages[s.index].sampler.kind,
         )
         for s, tally in zip(c.stages, progress.statistics.stages, strict=True)
     ]
@@ -109,4 +111,45 @@ def curriculum_state(progress: CurriculumProgress) -> wire.CurriculumState:
             for t in schedule.transitions
         ],
         stages=stages,
+    )
+
+
+def dashboard(progress: CurriculumProgress) -> wire.Dashboard:
+    state = curriculum_state(progress)
+    c = progress.curriculum
+    items = progress.adaptive.items
+    pass_rates = []
+    for name, src in c.sources.items():
+        if items.tracks(name):
+            graded, bins, mean = items.histogram(name)
+        else:
+            graded, bins, mean = 0, [0] * PASS_RATE_BINS, None
+        pass_rates.append(
+            wire.PassRateHistogram(source=name, records=src.size, graded_records=graded, bins=bins, mean_pass_rate=mean)
+        )
+    return wire.Dashboard(
+        curriculum=state.curriculum,
+        current_stage=state.current_stage,
+        last_iteration=state.last_iteration,
+        total_iterations=state.total_iterations,
+        stages=state.stages,
+        transitions=state.transitions,
+        iterations=[
+            wire.IterationPoint(
+                iteration=t.iteration,
+                stage=c.stages[t.stage].name,
+                stage_index=t.stage,
+                graded=t.graded,
+                errors=t.errors,
+                mean_reward=t.mean_reward,
+                groups=t.groups,
+                zero_variance_groups=t.zero_variance_groups,
+            )
+            for t in progress.timeline.tallies()
+        ],
+        pass_rates=pass_rates,
+        grader_errors=sum(tally.errors for tally in progress.statistics.stages),
+        recent_errors=[
+            wire.GraderErrorEntry(iteration=i, sample_id=sid, error=error) for i, sid, error in progress.timeline.errors
+        ],
     )

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import yaml
 
-from proctor.server.curriculum.spec import AdvanceGate, CurriculumError, CurriculumSpec, parse_spec
+from proctor.server.curriculum.spec import (
+    AdvanceGate,
+    CurriculumError,
+    CurriculumSpec,
+    TargetDifficultySamplerSpec,
+    parse_spec,
+)
 from proctor.server.grading.registry import GraderResolutionError, SourceGraders, resolve_graders
 from proctor.server.sources.base import Source
 from proctor.server.sources.files import SourceDataError
@@ -81,6 +87,8 @@ def load_curriculum(path: str | Path, *, seed: int | None = None) -> Curriculum:
             )
         except GraderResolutionError as exc:
             problems.append((f"sources.{name}.graders[{exc.index}].{exc.field}", str(exc)))
+    if not problems:
+        problems.extend(_difficulty_problems(spec, sources))
     if problems:
         raise CurriculumError(problems, file=shown)
 
@@ -108,6 +116,27 @@ def load_curriculum(path: str | Path, *, seed: int | None = None) -> Curriculum:
     )
 
 
+def _difficulty_problems(spec: CurriculumSpec, sources: dict[str, Source]) -> list[tuple[str, str]]:
+    """A ``target_difficulty`` stage reading each source's difficulty needs one from every source it serves:
+    declared, or derived from a procedural source's knobs (which only the built source knows)."""
+    problems = []
+    for i, stage in enumerate(spec.stages):
+        sampler = stage.sampler
+        if not isinstance(sampler, TargetDifficultySamplerSpec) or sampler.params.difficulty != "source":
+            continue
+        served = spec.stages[: i + 1] if stage.replay > 0 else [stage]
+        for name in dict.fromkeys(m.source for st in served for m in st.mix):
+            if sources[name].source_difficulty() is None:
+                problems.append(
+                    (
+                        f"stages[{i}].sampler.params.difficulty",
+                        f"`source` reads each source's difficulty, and sources.{name} derives none from its knobs: "
+                        "give it `difficulty: <number>`",
+                    )
+                )
+    return problems
+
+
 def _normalise(pairs: list[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
     total = sum(w for _, w in pairs)
     return tuple((s, w / total) for s, w in pairs)
@@ -116,7 +145,9 @@ def _normalise(pairs: list[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
 def _hash(spec: CurriculumSpec, sources: dict[str, Source]) -> str:
     """Content hash: the validated spec (seed included) plus every source's data version."""
     doc = {
-        "spec": spec.model_dump(mode="json"),
+        # Defaults left out: a curriculum that spells one out is the same curriculum as one that omits it,
+        # and a setting added to proctor later does not change the hash of the curricula written before it.
+        "spec": spec.model_dump(mode="json", exclude_defaults=True),
         "sources": {name: src.version for name, src in sorted(sources.items())},
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]

@@ -154,6 +154,10 @@ class Mixer:
         picks: list[tuple[str, int]] = []
         for source, count in self.quotas(stage_of(iteration), batch_size, iteration):
             picks.extend((source, key) for key in self._take(source, cursors.get(source, 0), count))
+        return self.order(picks, iteration, batch_size)
+
+    def order(self, picks: list[tuple[str, int]], iteration: int, batch_size: int) -> list[tuple[str, int]]:
+        """The serving order of a batch's picks (shuffled in place, and returned)."""
         # Mixed order, so that every rank's contiguous share sees the whole mix rather than one source.
         random.Random(derive_key(self.curriculum.seed, "order", iteration, batch_size)).shuffle(picks)
         return picks

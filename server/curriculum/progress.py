@@ -1,15 +1,40 @@
-"""Where a curriculum stands while it is served: its stage schedule, the statistics its gates read, and the
-last iteration sampled. Pure: the store restores it, and the sampling and grading services move it on."""
+"""Where a curriculum stands while it is served: its stage schedule, the statistics its gates read, the
+per-record state and samplers of its adaptive stages, the timeline the live page draws, and the last
+iteration sampled. Pure: the store restores it, and the sampling and grading services move it on."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
+from proctor.server.curriculum.adaptive import AdaptiveSampling
 from proctor.server.curriculum.engine import StageSchedule, TransitionRecord
 from proctor.server.curriculum.loader import Curriculum
-from proctor.server.curriculum.statistics import CurriculumStatistics
+from proctor.server.curriculum.mixing import Mixer
+from proctor.server.curriculum.samplers import StageFeedback
+from proctor.server.curriculum.statistics import CountedGrade, CurriculumStatistics
+from proctor.server.curriculum.timeline import Timeline
+from proctor.server.store import DecisionRow, GradeOutcome, GradeRow, StoredGrades
 
-__all__ = ["CurriculumProgress"]
+__all__ = ["CurriculumProgress", "IterationDraw"]
+
+
+@dataclass(slots=True)
+class IterationDraw:
+    """A new iteration being drawn: its stage and the transitions that led to it are decided; its records are
+    chosen as :meth:`steps` is consumed (the caller may hand the event loop back between steps). Then
+    ``picks`` holds the batch in serving order, and ``decision`` what an adaptive stage decided."""
+
+    iteration: int
+    stage: int
+    transitions: list[TransitionRecord]
+    picks: list[tuple[str, int]] = field(default_factory=list)
+    decision: DecisionRow | None = None
+    _steps: Iterator[None] | None = None
+
+    def steps(self) -> Iterator[None]:
+        if self._steps is not None:
+            yield from self._steps
 
 
 class CurriculumProgress:
@@ -19,11 +44,15 @@ class CurriculumProgress:
         schedule: StageSchedule,
         statistics: CurriculumStatistics,
         last_iteration: int | None,
+        adaptive: AdaptiveSampling,
+        timeline: Timeline,
     ) -> None:
         self.curriculum = curriculum
         self.schedule = schedule
         self.statistics = statistics
         self.last_iteration = last_iteration
+        self.adaptive = adaptive
+        self.timeline = timeline
 
     def stage_of(self, iteration: int) -> int:
         return self.schedule.stage_of(iteration)
@@ -40,5 +69,47 @@ class CurriculumProgress:
         self.schedule.apply(transitions)
         stage = self.schedule.stage_of(iteration)
         self.statistics.served(stage, batch_size)
+        self.timeline.served(iteration, stage)
         self.last_iteration = iteration if self.last_iteration is None else max(self.last_iteration, iteration)
         return stage, list(transitions)
+
+    def draw(self, iteration: int, batch_size: int, mixer: Mixer) -> IterationDraw:
+        """Begin a new iteration (:meth:`begin`) and draw its batch: in closed form for a ``uniform`` stage,
+        by the stage's sampler otherwise."""
+        stage, transitions = self.begin(iteration, batch_size)
+        out = IterationDraw(iteration, stage, transitions)
+        sampler = self.adaptive.sampler(stage)
+        if sampler is None:
+            out.picks = mixer.draw(iteration, batch_size, self.stage_of)
+            return out
+        tally = self.statistics.stages[stage]
+        quotas = mixer.quotas(stage, batch_size, iteration)
+        decision, parts = self.adaptive.draw(sampler, iteration, quotas, StageFeedback(tally.rolling, tally.graded))
+
+        def steps() -> Iterator[None]:
+            picks: list[tuple[str, int]] = []
+            for part in parts:
+                picks.extend(part)
+                yield
+            out.picks = mixer.order(picks, iteration, batch_size)
+            out.decision = DecisionRow(
+                decision.sampler, self.adaptive.state.to_json(), decision.detail, sampler.served(decision)
+            )
+
+        out._steps = steps()
+        return out
+
+    def graded(self, rows: Sequence[GradeRow], stored: StoredGrades) -> tuple[list[GradeRow], set[int]]:
+        """Fold in grades the state file just stored (``stored`` is what it did with ``rows``): the stage
+        tallies, the per-record state and the timeline. Returns the rows counted now (not stored before) and
+        the stages whose rolling reward moved."""
+        new: list[tuple[GradeRow, GradeOutcome]] = [
+            (row, status) for row, status in zip(rows, stored.outcomes, strict=True) if status != "exists"
+        ]
+        touched = self.statistics.graded(
+            CountedGrade(row.stage, None if row.error is not None else row.reward, status == "replaced_error")
+            for row, status in new
+        )
+        self.adaptive.graded(stored.items)
+        self.timeline.graded(((row, status == "replaced_error") for row, status in new), stored.groups)
+        return [row for row, _ in new], touched

@@ -10,6 +10,7 @@ A curriculum is one YAML file::
       words:  {path: data/word_problems.jsonl, prompt_field: question, graders: [math]}
     graders:                                   # custom graders, optional
       judge: {python: "my_pkg.judges:score"}
+    statistics: {decay: 0.8}                   # per-item pass-rate posteriors, optional
     stages:
       - name: warmup
         until_step: 40
@@ -19,6 +20,7 @@ A curriculum is one YAML file::
         until_step: 200
         mix: [{source: add_1d, weight: 0.25}, {source: words, weight: 0.75}]
         replay: 0.1
+        sampler: {kind: learnability, params: {explore: 0.05}}
 
 Structural checks happen here; checks that need the file system or imports (data files, custom graders)
 happen in :mod:`proctor.server.curriculum.loader`, which reports them the same way.
@@ -41,9 +43,16 @@ __all__ = [
     "CustomGraderSpec",
     "FileSourceSpec",
     "GraderUse",
+    "ItemStatisticsSpec",
+    "LearnabilitySamplerSpec",
     "MixEntry",
+    "ReasoningGymSourceSpec",
+    "SamplerSpec",
+    "SkipZeroVarianceSamplerSpec",
     "SourceSpec",
     "StageSpec",
+    "TargetDifficultySamplerSpec",
+    "UniformSamplerSpec",
     "format_loc",
     "parse_spec",
 ]
@@ -51,7 +60,8 @@ __all__ = [
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _NAME = re.compile(NAME_PATTERN)
 _FILE_KINDS = {".jsonl": "jsonl", ".parquet": "parquet", ".csv": "csv"}
-_UNION_TAGS = {"arithmetic", *_FILE_KINDS.values()}
+_UNION_TAGS = {"arithmetic", "reasoning_gym", *_FILE_KINDS.values()}
+_SAMPLER_TAGS = {"uniform", "learnability", "skip_zero_variance", "target_difficulty"}
 
 
 class CurriculumError(ProctorError, ValueError):
@@ -73,6 +83,9 @@ class CurriculumError(ProctorError, ValueError):
             # never wrote it. Only that position: a source may well be *named* "arithmetic".
             if len(loc) > 2 and loc[0] == "sources" and loc[2] in _UNION_TAGS:
                 del loc[2]
+            # Likewise a stage's sampler: `stages[1].sampler.learnability.params` → `stages[1].sampler.params`.
+            if len(loc) > 3 and loc[0] == "stages" and loc[2] == "sampler" and loc[3] in _SAMPLER_TAGS:
+                del loc[3]
             problems.append((format_loc(loc), _clean_msg(err["msg"])))
         return cls(problems, file=file)
 
@@ -119,6 +132,14 @@ class _SourceBase(_Spec):
     graders: list[GraderUse] = Field(min_length=1)
     on_error: float = Field(default=0.0, description="Reward of a completion whose grading failed.")
     system_prompt: str | None = None
+    pass_threshold: float = Field(
+        default=1.0, description="A completion passes when its reward is at least this (the per-item pass rate)."
+    )
+    difficulty: float | None = Field(
+        default=None,
+        description="This source's difficulty, for `target_difficulty` samplers with `difficulty: source`; "
+        "procedural sources derive one from their knobs when it is not given.",
+    )
 
     @field_validator("graders", mode="before")
     @classmethod
@@ -149,6 +170,13 @@ class ArithmeticSourceSpec(_SourceBase):
     operands: int = Field(default=2, ge=2, le=8)
     allow_negative: bool = Field(default=False, description="Let subtraction go below zero.")
     template: str = Field(default="What is {expression}?", description="Prompt; `{expression}` is filled in.")
+    size: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**9,
+        description="Serve records 0..size-1 in seeded epochs, like a file, instead of an endless stream; "
+        "adaptive samplers need a finite source.",
+    )
 
     @field_validator("digits")
     @classmethod
@@ -177,9 +205,22 @@ class FileSourceSpec(_SourceBase):
     metadata_fields: list[str] | None = Field(
         default=None, description="Fields copied into each sample's metadata; default: all other fields."
     )
+    difficulty_field: str | None = Field(
+        default=None, description="A numeric field holding each record's difficulty (`difficulty: record`)."
+    )
 
 
-SourceSpec = Annotated[ArithmeticSourceSpec | FileSourceSpec, Field(discriminator="kind")]
+class ReasoningGymSourceSpec(_SourceBase):
+    """A reasoning-gym dataset (the optional ``reasoning-gym`` extra): ``size`` records generated from the
+    curriculum's seed, with the dataset's own config as its difficulty knobs."""
+
+    kind: Literal["reasoning_gym"]
+    dataset: str = Field(pattern=r"^[a-z0-9_]+$", description="A reasoning-gym dataset name, e.g. basic_arithmetic.")
+    config: dict[str, Any] = Field(default_factory=dict, description="The dataset's config: its difficulty knobs.")
+    size: int = Field(default=1000, ge=1, le=1_000_000, description="Records generated (keys 0..size-1).")
+
+
+SourceSpec = Annotated[ArithmeticSourceSpec | FileSourceSpec | ReasoningGymSourceSpec, Field(discriminator="kind")]
 
 
 class CustomGraderSpec(_Spec):
@@ -214,12 +255,111 @@ class AdvanceGate(_Spec):
     min_steps: int = Field(default=0, ge=0)
 
 
+class UniformParams(_Spec):
+    pass
+
+
+class UniformSamplerSpec(_Spec):
+    """Each source's records in seeded epochs: every record once per epoch, in a fresh order each epoch."""
+
+    kind: Literal["uniform"]
+    params: UniformParams = Field(default_factory=UniformParams)
+
+
+class _EpochParams(_Spec):
+    explore: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Weight floor, as a share of the largest weight: every record stays reachable.",
+    )
+    epoch_mass: float = Field(
+        default=0.5,
+        ge=0,
+        lt=1,
+        description="An epoch ends once the items not yet served in it hold less than this share of the total "
+        "weight; no item is served twice within an epoch.",
+    )
+    prior: tuple[float, float] = Field(
+        default=(1.0, 1.0), description="Beta prior (passes, fails) of an item never graded: 0.5 is optimistic."
+    )
+
+    @field_validator("prior")
+    @classmethod
+    def _positive_prior(cls, prior: tuple[float, float]) -> tuple[float, float]:
+        if min(prior) <= 0:
+            raise ValueError(f"both Beta prior counts must be positive, got {list(prior)}")
+        return prior
+
+
+class LearnabilityParams(_EpochParams):
+    pass
+
+
+class LearnabilitySamplerSpec(_Spec):
+    """Weights each record by p̂(1 − p̂), its learnability under the pass-rate posterior."""
+
+    kind: Literal["learnability"]
+    params: LearnabilityParams = Field(default_factory=LearnabilityParams)
+
+
+class SkipZeroVarianceParams(_Spec):
+    min_streak: int = Field(default=1, ge=1, le=1000, description="Zero-variance groups in a row before skipping.")
+    skip_probability: float = Field(default=0.5, gt=0, lt=1, description="Chance of a skip at min_streak.")
+    max_skip: float = Field(
+        default=0.9, gt=0, lt=1, description="Largest chance of a skip, however long the streak: items come back."
+    )
+
+
+class SkipZeroVarianceSamplerSpec(_Spec):
+    """Seeded epochs that skip records whose latest groups all scored alike, more often the longer the streak."""
+
+    kind: Literal["skip_zero_variance"]
+    params: SkipZeroVarianceParams = Field(default_factory=SkipZeroVarianceParams)
+
+
+class TargetDifficultyParams(_EpochParams):
+    difficulty: Literal["pass_rate", "record", "source"] = Field(
+        default="pass_rate",
+        description="1 − p̂ per record, the records' own difficulty (difficulty_field), or each source's.",
+    )
+    initial_target: float = Field(default=0.3, ge=0, le=1, description="Target difficulty on [0, 1] at the start.")
+    step: float = Field(default=0.05, gt=0, le=1, description="η: the largest move of the target per iteration.")
+    sensitivity: float = Field(default=2.0, gt=0, description="α: how sharply the move follows the reward.")
+    target_reward: float = Field(default=0.5, description="β: the mean reward the target is steered towards.")
+    width: float = Field(default=0.1, gt=0, le=1, description="Width of the kernel around the target.")
+    window: int = Field(default=64, ge=1, le=1_000_000, description="Latest graded rewards the mean is taken over.")
+
+
+class TargetDifficultySamplerSpec(_Spec):
+    """AdaRFT: serves the records nearest a target difficulty that moves with the stage's recent reward."""
+
+    kind: Literal["target_difficulty"]
+    params: TargetDifficultyParams = Field(default_factory=TargetDifficultyParams)
+
+
+SamplerSpec = Annotated[
+    UniformSamplerSpec | LearnabilitySamplerSpec | SkipZeroVarianceSamplerSpec | TargetDifficultySamplerSpec,
+    Field(discriminator="kind"),
+]
+
+
+class ItemStatisticsSpec(_Spec):
+    decay: float = Field(
+        default=0.8, gt=0, le=1, description="Each new group of a record multiplies its earlier evidence by this."
+    )
+
+
 class StageSpec(_Spec):
     name: str = Field(pattern=NAME_PATTERN)
     until_step: int = Field(gt=0, description="The stage ends at this iteration at the latest (exclusive).")
     mix: list[MixEntry] = Field(min_length=1)
     advance: AdvanceGate | None = None
     replay: float = Field(default=0.0, ge=0, lt=1, description="Share of each batch drawn from earlier stages.")
+    sampler: SamplerSpec = Field(
+        default_factory=lambda: UniformSamplerSpec(kind="uniform"),
+        description="How records are chosen within each source of the mix.",
+    )
 
 
 class CurriculumSpec(_Spec):
@@ -228,6 +368,7 @@ class CurriculumSpec(_Spec):
     system_prompt: str | None = None
     sources: dict[str, SourceSpec] = Field(min_length=1)
     graders: dict[str, CustomGraderSpec] = Field(default_factory=dict)
+    statistics: ItemStatisticsSpec = Field(default_factory=ItemStatisticsSpec)
     stages: list[StageSpec] = Field(min_length=1)
 
     @field_validator("sources", mode="before")
@@ -277,9 +418,52 @@ class CurriculumSpec(_Spec):
                 problems.append((f"{where}.replay", "the first stage has no earlier stage to replay"))
             if stage.advance is not None and i == last:
                 problems.append((f"{where}.advance", "the last stage has no next stage to advance to"))
+            problems.extend(self._sampler_problems(i))
         if problems:
             raise _Problems(problems)
         return self
+
+    def _sampler_problems(self, i: int) -> list[tuple[str, str]]:
+        """An adaptive sampler chooses among a finite set of records, and needs a difficulty for each."""
+        stage = self.stages[i]
+        sampler = stage.sampler
+        if isinstance(sampler, UniformSamplerSpec):
+            return []
+        where = f"stages[{i}].sampler"
+        # The stage serves its own mix and, with replay, every earlier stage's.
+        names = [m.source for st in (self.stages[: i + 1] if stage.replay > 0 else [stage]) for m in st.mix]
+        problems: list[tuple[str, str]] = []
+        for name in dict.fromkeys(names):
+            src = self.sources.get(name)
+            if src is None:
+                continue
+            if isinstance(src, ArithmeticSourceSpec) and src.size is None:
+                problems.append(
+                    (
+                        where,
+                        f"{sampler.kind} chooses among a finite source's records, and sources.{name} is an endless "
+                        f"generator: give it `size: N` to serve records 0..N-1",
+                    )
+                )
+            if isinstance(sampler, TargetDifficultySamplerSpec):
+                mode = sampler.params.difficulty
+                if mode == "record" and not (isinstance(src, FileSourceSpec) and src.difficulty_field is not None):
+                    problems.append(
+                        (
+                            f"{where}.params.difficulty",
+                            f"`record` reads each record's difficulty_field, and sources.{name} has none; give it "
+                            "`difficulty_field`, or use `difficulty: source` or `pass_rate`",
+                        )
+                    )
+                if mode == "source" and isinstance(src, FileSourceSpec) and src.difficulty is None:
+                    problems.append(
+                        (
+                            f"{where}.params.difficulty",
+                            f"`source` reads each source's difficulty, and sources.{name} has none: give it "
+                            "`difficulty: <number>`",
+                        )
+                    )
+        return problems
 
 
 class _Problems(ValueError):

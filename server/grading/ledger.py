@@ -11,7 +11,6 @@ import asyncio
 from collections.abc import Sequence
 
 from proctor.server.context import ServingContext
-from proctor.server.curriculum.statistics import CountedGrade
 from proctor.server.store import GradeKey, GradeRow
 
 __all__ = ["GradeLedger"]
@@ -30,13 +29,9 @@ class GradeLedger:
         # Stored (and counted) a slice at a time; each grade is idempotent, so a slice is a unit of its own.
         for start in range(0, len(rows), _GRADES_PER_COMMIT):
             part = rows[start : start + _GRADES_PER_COMMIT]
-            statuses = await ctx.storage.insert_grades(part)
-            known.update(row.key for row, status in zip(part, statuses, strict=True) if status == "exists")
-            new = [(row, status) for row, status in zip(part, statuses, strict=True) if status != "exists"]
-            touched = ctx.progress.statistics.graded(
-                CountedGrade(row.stage, None if row.error is not None else row.reward, status == "replaced_error")
-                for row, status in new
-            )
-            ctx.metrics.count_grades(ctx.curriculum, ctx.progress.statistics, (row for row, _ in new), touched)
+            stored = await ctx.storage.insert_grades(part)
+            known.update(row.key for row, status in zip(part, stored.outcomes, strict=True) if status == "exists")
+            counted, touched = ctx.progress.graded(part, stored)
+            ctx.metrics.count_grades(ctx.curriculum, ctx.progress.statistics, counted, touched)
             await asyncio.sleep(0)
         return known

@@ -1,11 +1,11 @@
-"""GET /meta and GET /curriculum: what the server serves and where the curriculum stands."""
+"""GET /meta, GET /curriculum and GET /dashboard: what the server serves and where the curriculum stands."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
 from proctor.server.deps import DataserverDep
-from proctor.server.protocol import CurriculumState, Meta
+from proctor.server.protocol import CurriculumState, Dashboard, Meta
 
 router = APIRouter(tags=["curriculum"])
 
@@ -20,3 +20,10 @@ async def read_meta(server: DataserverDep) -> Meta:
 async def read_curriculum(server: DataserverDep) -> CurriculumState:
     """The live state: current stage, every transition with its iteration and reason, per-stage counts."""
     return server.curriculum_state()
+
+
+@router.get("/dashboard")
+async def read_dashboard(server: DataserverDep) -> Dashboard:
+    """What the live page at ``/`` draws: stages and transitions, the latest iterations' rewards and
+    zero-variance groups, each source's pass-rate histogram, and the latest grader errors."""
+    return server.dashboard()

@@ -64,9 +64,15 @@ def test_a_duplicate_iteration_is_refused_atomically(tmp_path: Path) -> None:
 
 def test_grade_outcomes(tmp_path: Path) -> None:
     store = open_store(tmp_path / "s.db")
-    assert store.insert_grades([grade_row(1), grade_row(2, error="boom", reward=-1)]) == ["inserted", "inserted"]
+    assert store.insert_grades([grade_row(1), grade_row(2, error="boom", reward=-1)]).outcomes == [
+        "inserted",
+        "inserted",
+    ]
     # A success is final; an error is replaced by the next attempt.
-    assert store.insert_grades([grade_row(1, reward=0.0), grade_row(2, reward=0.5)]) == ["exists", "replaced_error"]
+    assert store.insert_grades([grade_row(1, reward=0.0), grade_row(2, reward=0.5)]).outcomes == [
+        "exists",
+        "replaced_error",
+    ]
     found = store.find_grades([grade_row(1).key, grade_row(2).key, grade_row(3).key])
     assert found[grade_row(1).key].reward == 1.0
     assert found[grade_row(2).key].reward == 0.5
@@ -167,7 +173,7 @@ def test_a_grade_is_keyed_by_its_slot(tmp_path: Path) -> None:
     store = open_store(tmp_path / "s.db")
     one = grade_row(1)  # no slot
     other = GradeRow((0, "add:0123456789:1", 5, 0, "sha"), 0, "add", 0.0, {}, None)
-    assert store.insert_grades([one, other]) == ["inserted", "inserted"]
+    assert store.insert_grades([one, other]).outcomes == ["inserted", "inserted"]
     assert store.find_grades([other.key])[other.key].reward == 0.0
     assert store.graded_iterations([0, 1, 5]) == {0}
     store.close()

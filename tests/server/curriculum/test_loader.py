@@ -401,3 +401,28 @@ def test_csv_and_parquet_load_the_same_records_as_jsonl(
     assert src_o.size == src_j.size == len(rows)
     assert [src_o.record(k) for k in range(len(rows))] == [src_j.record(k) for k in range(len(rows))]
     assert src_o.version != src_j.version
+
+
+def test_a_source_difficulty_stage_needs_a_difficulty_from_every_source(write_curriculum: WriteCurriculum) -> None:
+    """An arithmetic source derives its difficulty from its knobs; a reasoning-gym dataset without levels of
+    difficulty derives none, and the stage that would read it is refused at load, not at the first /sample."""
+    target = {"kind": "target_difficulty", "params": {"difficulty": "source"}}
+    sources = {
+        "sums": {"kind": "arithmetic", "size": 100, "graders": ["numeric"]},
+        "gsm": {"kind": "reasoning_gym", "dataset": "gsm_symbolic", "size": 10, "graders": ["reasoning_gym"]},
+    }
+    stage = {"name": "only", "until_step": 10, "mix": [{"source": "sums"}], "sampler": target}
+    cur = load_curriculum(write_curriculum({"name": "t", "sources": sources, "stages": [stage]}))
+    assert cur.sources["sums"].source_difficulty() is not None
+    stage["mix"] = [{"source": "sums"}, {"source": "gsm"}]
+    with pytest.raises(CurriculumError) as exc:
+        load_curriculum(write_curriculum({"name": "t", "sources": sources, "stages": [stage]}))
+    assert exc.value.problems == [
+        (
+            "stages[0].sampler.params.difficulty",
+            "`source` reads each source's difficulty, and sources.gsm derives none from its knobs: "
+            "give it `difficulty: <number>`",
+        )
+    ]
+    sources["gsm"]["difficulty"] = 0.7
+    assert load_curriculum(write_curriculum({"name": "t", "sources": sources, "stages": [stage]})).name == "t"

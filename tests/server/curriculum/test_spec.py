@@ -282,7 +282,7 @@ BAD_CASES: list[tuple[str, Doc, list[tuple[str, str]]]] = [
             (
                 "sources.add",
                 "Input tag 'sql' found using 'kind' does not match any of the expected tags: "
-                "'arithmetic', 'jsonl', 'parquet', 'csv'",
+                "'arithmetic', 'jsonl', 'parquet', 'csv', 'reasoning_gym'",
             )
         ],
     ),
@@ -306,7 +306,97 @@ BAD_CASES: list[tuple[str, Doc, list[tuple[str, str]]]] = [
             ("stages[1].advance", "the last stage has no next stage to advance to"),
         ],
     ),
+    (
+        "sampler-unknown-kind",
+        edited(lambda d: _stage(d, 0).update(sampler={"kind": "greedy"})),
+        [
+            (
+                "stages[0].sampler",
+                "Input tag 'greedy' found using 'kind' does not match any of the expected tags: 'uniform', "
+                "'learnability', 'skip_zero_variance', 'target_difficulty'",
+            )
+        ],
+    ),
+    (
+        "sampler-param-typo",
+        edited(lambda d: _stage(d, 0).update(sampler={"kind": "learnability", "params": {"explor": 0.1}})),
+        [("stages[0].sampler.params.explor", "Extra inputs are not permitted")],
+    ),
+    (
+        "sampler-param-out-of-range",
+        edited(lambda d: _stage(d, 0).update(sampler={"kind": "skip_zero_variance", "params": {"max_skip": 1}})),
+        [("stages[0].sampler.params.max_skip", "Input should be less than 1")],
+    ),
+    (
+        "sampler-bad-prior",
+        edited(lambda d: _stage(d, 0).update(sampler={"kind": "learnability", "params": {"prior": [0, 1]}})),
+        [("stages[0].sampler.params.prior", "both Beta prior counts must be positive, got [0.0, 1.0]")],
+    ),
+    (
+        "adaptive-sampler-on-an-endless-source",
+        edited(lambda d: _stage(d, 0).update(sampler={"kind": "learnability"})),
+        [
+            (
+                "stages[0].sampler",
+                "learnability chooses among a finite source's records, and sources.add is an endless generator: "
+                "give it `size: N` to serve records 0..N-1",
+            )
+        ],
+    ),
+    (
+        "record-difficulty-without-a-field",
+        edited(
+            lambda d: _stage(d, 1).update(
+                mix=[{"source": "words"}], sampler={"kind": "target_difficulty", "params": {"difficulty": "record"}}
+            )
+        ),
+        [
+            (
+                "stages[1].sampler.params.difficulty",
+                "`record` reads each record's difficulty_field, and sources.words has none; give it "
+                "`difficulty_field`, or use `difficulty: source` or `pass_rate`",
+            )
+        ],
+    ),
+    (
+        "source-difficulty-missing",
+        edited(
+            lambda d: _stage(d, 1).update(
+                mix=[{"source": "words"}], sampler={"kind": "target_difficulty", "params": {"difficulty": "source"}}
+            )
+        ),
+        [
+            (
+                "stages[1].sampler.params.difficulty",
+                "`source` reads each source's difficulty, and sources.words has none: give it `difficulty: <number>`",
+            )
+        ],
+    ),
+    (
+        "replay-brings-an-endless-source-into-an-adaptive-stage",
+        edited(lambda d: _stage(d, 1).update(mix=[{"source": "words"}], replay=0.2, sampler={"kind": "learnability"})),
+        [
+            (
+                "stages[1].sampler",
+                "learnability chooses among a finite source's records, and sources.add is an endless generator: "
+                "give it `size: N` to serve records 0..N-1",
+            )
+        ],
+    ),
 ]
+
+
+def test_a_sampler_defaults_to_uniform_and_reads_its_params() -> None:
+    spec = parse_spec(base_doc())
+    assert [st.sampler.kind for st in spec.stages] == ["uniform", "uniform"]
+    doc = base_doc()
+    _src(doc, "add").update(size=100)
+    _stage(doc, 1).update(sampler={"kind": "learnability", "params": {"explore": 0.2}})
+    _stage(doc, 0).update(sampler={"kind": "skip_zero_variance"})
+    spec = parse_spec(doc)
+    assert spec.stages[1].sampler.kind == "learnability"
+    assert spec.stages[1].sampler.params.model_dump() == {"explore": 0.2, "epoch_mass": 0.5, "prior": (1.0, 1.0)}
+    assert spec.stages[0].sampler.params.model_dump() == {"min_streak": 1, "skip_probability": 0.5, "max_skip": 0.9}
 
 
 def test_the_base_document_is_valid() -> None:
