@@ -6,19 +6,23 @@ checks that block itself and ``length_cap`` the reported token count. A wrong co
 grader that cannot score at all (bad params, no reference answer, no token count) raises ``ValueError``
 saying what to fix.
 
+``reasoning_gym`` scores the answer inside ``<answer>…</answer>`` with the scorer of the reasoning-gym dataset
+the record came from (the optional ``reasoning-gym`` extra).
+
 ``math`` reads a reference and a response that are both plain numbers (``42``, ``3/4``, ``\\boxed{0.5}``, see
 :mod:`proctor.server.grading.numbers`) with exact arithmetic, and hands everything else to ``math_verify``,
-parsing each reference once per process. ``math_verify`` and ``jsonschema`` are imported on first use, so
-importing this module stays cheap.
+parsing each reference once per process. ``math_verify``, ``jsonschema`` and ``reasoning_gym`` are imported on
+first use, so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from functools import lru_cache
 from math import ceil, isclose
@@ -34,15 +38,24 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILTIN_GRADERS",
+    "REASONING_GYM_INSTALL",
+    "REASONING_GYM_METADATA",
     "exact_match",
+    "import_reasoning_gym",
     "json_schema",
     "json_valid",
     "length_cap",
     "math",
     "numeric",
+    "reasoning_gym",
     "regex",
     "think_format",
 ]
+
+# The metadata key under which a reasoning_gym source records its dataset and config, so that the grader scores
+# with the dataset as configured (some scorers read their config) and not with the dataset's defaults.
+REASONING_GYM_METADATA = "reasoning_gym"
+REASONING_GYM_INSTALL = "pip install 'proctor[reasoning-gym]'"
 
 # ASCII only in the look-behind: "x2" is a name, not a number, but "答案是42" must still give 42.
 _UNSIGNED = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?"
@@ -388,6 +401,84 @@ def length_cap(sample: GradeInput, /, *, max_tokens: int, soft_margin: int = 0) 
     return 1.0 - (tokens - max_tokens) / soft_margin
 
 
+def import_reasoning_gym(needed_by: str, module: str = "reasoning_gym") -> Any:
+    """Import (a module of) reasoning-gym, or raise an ImportError that says who needs it and how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{needed_by} needs reasoning-gym, which cannot be imported ({exc}): {REASONING_GYM_INSTALL}"
+        ) from None
+
+
+ScoreAnswer = Callable[[str | None, dict[str, Any]], float]
+
+
+@lru_cache(maxsize=64)
+def _reasoning_gym_scorer(dataset: str, config_json: str | None) -> ScoreAnswer:
+    """The ``score_answer`` of a dataset: configured as ``config_json`` says, or with its defaults (``None``)."""
+    rg = import_reasoning_gym("the reasoning_gym grader")
+    known = rg.factory.DATASETS
+    if dataset not in known:
+        raise ValueError(
+            f"reasoning_gym: the record names the dataset {dataset!r}, which this reasoning-gym does not have; "
+            "install the reasoning-gym version the records were made with"
+        )
+    if config_json is None:
+        scorer: ScoreAnswer = rg.get_score_answer_fn(dataset)
+    else:
+        scorer = rg.create_dataset(dataset, **json.loads(config_json)).score_answer
+    return scorer
+
+
+def _reasoning_gym_entry(sample: GradeInput) -> tuple[ScoreAnswer, dict[str, Any]]:
+    metadata = dict(sample.metadata)
+    scoring = metadata.pop(REASONING_GYM_METADATA, None)
+    if isinstance(scoring, Mapping) and isinstance(scoring.get("dataset"), str):
+        dataset: Any = scoring["dataset"]
+        config_json: str | None = json.dumps(scoring.get("config") or {}, sort_keys=True)
+    else:
+        # A file of reasoning-gym entries: its metadata fields, or the entries' own `metadata` object, as one field.
+        nested = metadata.get("metadata")
+        if "source_dataset" not in metadata and isinstance(nested, Mapping):
+            metadata = dict(nested)
+        dataset, config_json = metadata.get("source_dataset"), None
+    if not isinstance(dataset, str):
+        raise ValueError(
+            "reasoning_gym grades records of reasoning-gym datasets, and this record's metadata names none "
+            "(no source_dataset): use it on reasoning_gym sources, or on files of reasoning-gym entries that keep "
+            "their metadata"
+        )
+    entry = {"question": sample.prompt, "answer": sample.answer, "metadata": metadata}
+    return _reasoning_gym_scorer(dataset, config_json), entry
+
+
+def reasoning_gym(sample: GradeInput, /) -> float:
+    """The record's reasoning-gym dataset's own ``score_answer`` of the response's last ``<answer>…</answer>``.
+
+    As reasoning-gym's evaluation does: ``reasoning_gym.utils.extract_answer`` takes the text inside the last
+    ``<answer>`` tags (``None`` without any, which most scorers give 0), and the dataset's ``score_answer`` scores
+    it against the entry rebuilt from the record (prompt, answer, metadata), partial credit included. Unlike
+    reasoning-gym's evaluation it reads only the response, after a leading ``<think>…</think>`` block.
+    """
+    scorer, entry = _reasoning_gym_entry(sample)
+    extract_answer = import_reasoning_gym("the reasoning_gym grader", "reasoning_gym.utils").extract_answer
+    return float(scorer(extract_answer(sample.response), entry))
+
+
 BUILTIN_GRADERS: Mapping[str, GraderFn] = MappingProxyType(
-    {fn.__name__: fn for fn in (exact_match, numeric, math, regex, think_format, json_valid, json_schema, length_cap)}
+    {
+        fn.__name__: fn
+        for fn in (
+            exact_match,
+            numeric,
+            math,
+            regex,
+            think_format,
+            json_valid,
+            json_schema,
+            length_cap,
+            reasoning_gym,
+        )
+    }
 )

@@ -1,8 +1,10 @@
-"""A procedural arithmetic source: infinite, seeded, with digits/operands/operators as difficulty knobs."""
+"""A procedural arithmetic source: seeded, endless or ``size`` records, with digits/operands/operators as
+difficulty knobs."""
 
 from __future__ import annotations
 
 import functools
+import math
 import random
 from collections.abc import Sequence
 
@@ -16,6 +18,7 @@ _GENERATOR = "arithmetic/1"
 # Per source: enough for the records of the latest steps, which /grade looks up right after /sample made them
 # (a record costs ~0.5 KiB kept and ~50 µs regenerated).
 _CACHED_RECORDS = 4096
+_OP_DIFFICULTY = {"+": 0.0, "-": 0.5, "*": 1.0}
 
 
 class ArithmeticSource(Source):
@@ -25,6 +28,9 @@ class ArithmeticSource(Source):
 
     def __init__(self, name: str, spec: ArithmeticSourceSpec, seed: int) -> None:
         knobs = spec.model_dump(include={"ops", "digits", "operands", "allow_negative", "template"})
+        # Only a set size enters the version, so the sample ids of endless sources stay what they were.
+        if spec.size is not None:
+            knobs["size"] = spec.size
         super().__init__(name, content_version(_GENERATOR, seed, name, knobs))
         self.spec = spec
         self._seed_prefix = f"{seed}:{name}:"
@@ -32,14 +38,31 @@ class ArithmeticSource(Source):
         self.record = functools.lru_cache(maxsize=_CACHED_RECORDS)(self._generate)  # type: ignore[method-assign]
 
     @property
-    def size(self) -> None:
-        return None
+    def size(self) -> int | None:
+        return self.spec.size
 
     def record(self, key: int) -> Record:
         return self._generate(key)
 
+    def derived_difficulty(self) -> float:
+        """The mean of three knob scores on [0, 1], each rising with its knob:
+
+        * largest digit count: ``log(max digits) / log(18)``;
+        * operand count: ``log(operands - 1) / log(7)``;
+        * hardest operator: ``+`` 0, ``-`` 0.5, ``*`` 1.
+
+        Logarithms, because each further digit or operand adds less difficulty than the one before; on this
+        scale the shipped arithmetic ladder rises stage by stage (0, 0.25, 0.41, 0.53). ``allow_negative`` and
+        the template do not count.
+        """
+        spec = self.spec
+        digits = math.log(spec.digits[1]) / math.log(18)
+        operands = math.log(spec.operands - 1) / math.log(7)
+        ops = max(_OP_DIFFICULTY[op] for op in spec.ops)
+        return (digits + operands + ops) / 3
+
     def _generate(self, key: int) -> Record:
-        if key < 0:
+        if key < 0 or (self.spec.size is not None and key >= self.spec.size):
             raise KeyError(key)
         rng = random.Random(self._seed_prefix + str(key))
         spec = self.spec

@@ -59,6 +59,8 @@ class Source(ABC):
     """A finite table of records or an infinite generator of them."""
 
     kind: str
+    # The spec's `difficulty`, set by build_source: an author's number outranks one derived from knobs.
+    declared_difficulty: float | None = None
 
     def __init__(self, name: str, version: str) -> None:
         self.name = name
@@ -75,3 +77,17 @@ class Source(ABC):
 
     def sample_id(self, key: int) -> str:
         return f"{self.name}:{self.version}:{key}"
+
+    def source_difficulty(self) -> float | None:
+        """This source's difficulty: the spec's ``difficulty`` when given, else :meth:`derived_difficulty`."""
+        if self.declared_difficulty is not None:
+            return self.declared_difficulty
+        return self.derived_difficulty()
+
+    def derived_difficulty(self) -> float | None:
+        """What a procedural source's knobs say about its difficulty, on [0, 1]; ``None`` when they say nothing."""
+        return None
+
+    def record_difficulty(self, key: int) -> float | None:
+        """The difficulty of one record, where the source has one per record; ``None`` otherwise."""
+        return None

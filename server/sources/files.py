@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,13 @@ class FileSource(Source):
         self.kind = spec.kind
         self.path = path
         self.spec = spec
-        self._records = [self._to_record(i, row) for i, row in enumerate(_read_rows(spec.kind, raw))]
+        self._records: list[Record] = []
+        # Kept apart from the records: metadata_fields may well leave the difficulty field out of them.
+        self._difficulties: list[float] | None = None if spec.difficulty_field is None else []
+        for i, row in enumerate(_read_rows(spec.kind, raw)):
+            self._records.append(self._to_record(i, row))
+            if self._difficulties is not None:
+                self._difficulties.append(self._difficulty(i, row))
         if not self._records:
             raise SourceDataError("path", f"{path} holds no records")
 
@@ -55,6 +62,35 @@ class FileSource(Source):
         if not 0 <= key < len(self._records):
             raise KeyError(key)
         return self._records[key]
+
+    def record_difficulty(self, key: int) -> float | None:
+        """The record's ``difficulty_field`` as a number; ``None`` when the spec names no such field."""
+        if not 0 <= key < len(self._records):
+            raise KeyError(key)
+        return None if self._difficulties is None else self._difficulties[key]
+
+    def _difficulty(self, index: int, row: dict[str, Any]) -> float:
+        field = self.spec.difficulty_field
+        assert field is not None
+        where = f"{self.path.name} record {index}"
+        value = row.get(field)
+        if value is None or value == "":
+            raise SourceDataError("difficulty_field", f"{where} has no field {field!r} to read its difficulty from")
+        # CSV hands every value over as text, so a numeric string counts as a number; a bool does not.
+        number: float | None = None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+        if number is None or not math.isfinite(number):
+            raise SourceDataError(
+                "difficulty_field",
+                f"{where}: field {field!r} is {value!r}, not a finite number; every record needs a numeric difficulty",
+            )
+        return number
 
     def _to_record(self, index: int, row: dict[str, Any]) -> Record:
         spec = self.spec

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proctor.server.curriculum.spec import ArithmeticSourceSpec, FileSourceSpec, SourceSpec
+from proctor.server.curriculum.spec import ArithmeticSourceSpec, FileSourceSpec, ReasoningGymSourceSpec, SourceSpec
 from proctor.server.sources.arithmetic import ArithmeticSource
 from proctor.server.sources.base import Source
 from proctor.server.sources.files import FileSource
+from proctor.server.sources.reasoning_gym import ReasoningGymSource
 
 __all__ = ["SOURCE_KINDS", "build_source"]
 
-SOURCE_KINDS = ("arithmetic", "jsonl", "parquet", "csv")
+SOURCE_KINDS = ("arithmetic", "jsonl", "parquet", "csv", "reasoning_gym")
 
 
 def build_source(name: str, spec: SourceSpec, *, base_dir: Path, seed: int) -> Source:
-    """Instantiate the source a spec describes; file sources read their data here."""
+    """Instantiate the source a spec describes; file sources read their data here, reasoning-gym is imported here."""
+    source: Source
     if isinstance(spec, ArithmeticSourceSpec):
-        return ArithmeticSource(name, spec, seed)
-    if isinstance(spec, FileSourceSpec):
-        return FileSource(name, spec, base_dir)
-    raise TypeError(f"no source kind for {type(spec).__name__}")  # pragma: no cover
+        source = ArithmeticSource(name, spec, seed)
+    elif isinstance(spec, FileSourceSpec):
+        source = FileSource(name, spec, base_dir)
+    elif isinstance(spec, ReasoningGymSourceSpec):
+        source = ReasoningGymSource(name, spec, seed)
+    else:  # pragma: no cover
+        raise TypeError(f"no source kind for {type(spec).__name__}")
+    source.declared_difficulty = spec.difficulty
+    return source

@@ -45,6 +45,7 @@ def test_registry_has_exactly_the_builtin_names() -> None:
         "json_valid",
         "json_schema",
         "length_cap",
+        "reasoning_gym",
     }
 
 

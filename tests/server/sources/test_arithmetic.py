@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proctor.curricula import builtin_path
+from proctor.server.curriculum.loader import load_curriculum
 from proctor.server.curriculum.spec import ArithmeticSourceSpec, CurriculumError, parse_spec
 from proctor.server.sources.arithmetic import ArithmeticSource
 from proctor.server.sources.base import SampleId
+from proctor.server.sources.registry import build_source
 
 _TOKEN = re.compile(r"\d+|[-+*]")
 
@@ -197,3 +201,87 @@ def test_version_changes_with_seed_name_and_knobs(seed: int, name: str, knob_cha
 def test_version_ignores_what_does_not_change_the_records_keys() -> None:
     # Graders and on_error decide rewards, not which prompt sits behind a key.
     assert make(3, graders=["numeric", "think_format"], on_error=-1.0).version == make(3).version
+
+
+# --- size -------------------------------------------------------------------------------------------------
+
+
+def test_size_bounds_the_keys() -> None:
+    src = make(size=5)
+    assert src.size == 5
+    assert [src.record(k).key for k in range(5)] == [0, 1, 2, 3, 4]
+    for key in (5, 6, 10**15, -1):
+        with pytest.raises(KeyError):
+            src.record(key)
+
+
+def test_size_does_not_change_the_records() -> None:
+    endless, finite = make(3, digits=[1, 3]), make(3, digits=[1, 3], size=50)
+    assert [finite.record(k) for k in range(50)] == [endless.record(k) for k in range(50)]
+
+
+def test_version_without_a_size_is_the_one_sample_ids_always_had() -> None:
+    # Pinned: an endless source's sample ids must not change when proctor learns new knobs.
+    assert make(3, "a", digits=[1, 2]).version == "16157b4410"
+
+
+def test_version_changes_with_the_size() -> None:
+    versions = {make(3, digits=[1, 2], size=size).version for size in (None, 10, 11)}
+    assert len(versions) == 3
+
+
+# --- difficulty -------------------------------------------------------------------------------------------
+
+
+def test_difficulty_spans_zero_to_one() -> None:
+    assert make(ops=["+"], digits=[1, 1], operands=2).source_difficulty() == 0.0
+    assert make(ops=["*"], digits=[18, 18], operands=8).source_difficulty() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("easier", "harder"),
+    [
+        ({"digits": [1, 2]}, {"digits": [1, 3]}),
+        ({"digits": [1, 17]}, {"digits": [1, 18]}),
+        ({"operands": 2}, {"operands": 3}),
+        ({"operands": 7}, {"operands": 8}),
+        ({"ops": ["+"]}, {"ops": ["+", "-"]}),
+        ({"ops": ["-"]}, {"ops": ["*"]}),
+    ],
+    ids=["digits", "digits-top", "operands", "operands-top", "minus", "times"],
+)
+def test_difficulty_rises_with_each_knob(easier: dict[str, Any], harder: dict[str, Any]) -> None:
+    low, high = make(**easier).source_difficulty(), make(**harder).source_difficulty()
+    assert low is not None and high is not None
+    assert low < high
+
+
+def test_difficulty_ignores_the_smallest_digit_count_and_negatives() -> None:
+    # Only the largest operands decide: [1, 3] and [3, 3] reach the same numbers.
+    assert make(digits=[1, 3]).source_difficulty() == make(digits=[3, 3]).source_difficulty()
+    assert make(ops=["-"], allow_negative=True).source_difficulty() == make(ops=["-"]).source_difficulty()
+
+
+def test_shipped_ladder_rises_stage_by_stage() -> None:
+    cur = load_curriculum(builtin_path("arithmetic"))
+    hardest = []
+    for stage in cur.stages:
+        difficulties = [cur.sources[name].source_difficulty() for name, _ in stage.mix]
+        assert None not in difficulties
+        hardest.append(max(d for d in difficulties if d is not None))
+    assert hardest == sorted(hardest)
+    assert len(set(hardest)) == len(hardest)
+
+
+def test_declared_difficulty_overrides_the_knobs() -> None:
+    spec = ArithmeticSourceSpec.model_validate(
+        {"kind": "arithmetic", "graders": ["numeric"], "ops": ["*"], "difficulty": 0.125}
+    )
+    src = build_source("a", spec, base_dir=Path("."), seed=0)
+    assert src.source_difficulty() == 0.125
+    assert src.derived_difficulty() == pytest.approx(1 / 3)
+    assert make(ops=["*"]).source_difficulty() == pytest.approx(1 / 3)
+
+
+def test_records_have_no_difficulty_of_their_own() -> None:
+    assert make().record_difficulty(0) is None

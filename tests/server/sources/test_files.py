@@ -17,6 +17,7 @@ import pytest
 
 from proctor.server.curriculum.spec import FileSourceSpec
 from proctor.server.sources.files import FileSource, SourceDataError
+from proctor.server.sources.registry import build_source
 
 Rows = list[dict[str, Any]]
 
@@ -302,3 +303,80 @@ def test_an_empty_answer_cell_is_a_missing_answer(tmp_path: Path) -> None:
     with pytest.raises(SourceDataError, match=r"x\.csv record 0 has no field 'answer'") as info:
         make(tmp_path, "csv", [{"prompt": "p", "answer": ""}])
     assert info.value.field == "answer_field"
+
+
+# --- difficulty -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_record_difficulty_reads_the_difficulty_field(tmp_path: Path, kind: str) -> None:
+    # CSV has text only, so "1" must read as 1.0 there as in the other kinds.
+    src = make(tmp_path, kind, ROWS, difficulty_field="level")
+    assert [src.record_difficulty(k) for k in range(src.size)] == [1.0, 2.0, 3.0]
+
+
+def test_record_difficulty_takes_numbers_of_any_form(tmp_path: Path) -> None:
+    rows = [{"prompt": "p", "answer": "a", "d": d} for d in (0, 0.25, -2, "1e-3", " 0.5 ")]
+    src = make(tmp_path, "jsonl", rows, difficulty_field="d")
+    assert [src.record_difficulty(k) for k in range(src.size)] == [0.0, 0.25, -2.0, 0.001, 0.5]
+
+
+def test_difficulty_is_kept_when_metadata_leaves_it_out(tmp_path: Path) -> None:
+    src = make(tmp_path, "jsonl", ROWS, difficulty_field="level", metadata_fields=["topic"])
+    assert src.record(2).metadata == {"topic": "fr\nnewline"}
+    assert src.record_difficulty(2) == 3.0
+
+
+def test_no_difficulty_field_means_no_record_difficulty(tmp_path: Path) -> None:
+    src = make(tmp_path, "jsonl", ROWS)
+    assert src.record_difficulty(0) is None
+    assert src.source_difficulty() is None
+
+
+@pytest.mark.parametrize("key", [-1, 3], ids=str)
+def test_record_difficulty_of_a_missing_record(tmp_path: Path, key: int) -> None:
+    src = make(tmp_path, "jsonl", ROWS, difficulty_field="level")
+    with pytest.raises(KeyError):
+        src.record_difficulty(key)
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("hard", "'hard'"), (True, "True"), ("nan", "'nan'"), (float("inf"), "inf"), ([1], "[1]"), ({"x": 1}, "{'x': 1}")],
+    ids=["word", "bool", "nan-text", "inf", "list", "object"],
+)
+def test_non_numeric_difficulty_is_refused_at_load(tmp_path: Path, value: Any, shown: str) -> None:
+    rows = [{"prompt": "p", "answer": "a", "d": 1}, {"prompt": "q", "answer": "b", "d": value}]
+    err = data_error(tmp_path, "jsonl", rows, difficulty_field="d")
+    assert err.field == "difficulty_field"
+    assert str(err) == (
+        f"x.jsonl record 1: field 'd' is {shown}, not a finite number; every record needs a numeric difficulty"
+    )
+
+
+@pytest.mark.parametrize(
+    "row", [{"prompt": "p", "answer": "a"}, {"prompt": "p", "answer": "a", "d": None}], ids=["absent", "null"]
+)
+def test_missing_difficulty_is_refused_at_load(tmp_path: Path, row: dict[str, Any]) -> None:
+    err = data_error(tmp_path, "jsonl", [row], difficulty_field="d")
+    assert (err.field, str(err)) == (
+        "difficulty_field",
+        "x.jsonl record 0 has no field 'd' to read its difficulty from",
+    )
+
+
+def test_empty_csv_difficulty_cell_is_missing(tmp_path: Path) -> None:
+    err = data_error(tmp_path, "csv", [{"prompt": "p", "answer": "a", "d": ""}], difficulty_field="d")
+    assert (err.field, str(err)) == ("difficulty_field", "x.csv record 0 has no field 'd' to read its difficulty from")
+
+
+def test_difficulty_field_does_not_change_the_sample_ids(tmp_path: Path) -> None:
+    # Which field holds the difficulty changes how records are chosen, not what sits behind a key.
+    assert make(tmp_path, "jsonl", ROWS, difficulty_field="level").version == make(tmp_path, "jsonl", ROWS).version
+
+
+def test_declared_source_difficulty(tmp_path: Path) -> None:
+    (tmp_path / "x.jsonl").write_bytes(jsonl_bytes(ROWS))
+    src = build_source("x", spec("jsonl", difficulty=0.7), base_dir=tmp_path, seed=0)
+    assert src.source_difficulty() == 0.7
+    assert src.record_difficulty(0) is None
