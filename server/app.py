@@ -22,7 +22,7 @@ from proctor.server.middleware import (
     RequestMetricsMiddleware,
 )
 from proctor.server.openapi import complete_openapi
-from proctor.server.routes import curriculum, dock, grade, ops, sample
+from proctor.server.routes import curriculum, dock, grade, ops, page, sample
 from proctor.server.settings import Settings
 
 __all__ = ["create_app"]
@@ -81,17 +81,20 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
     app.include_router(sample.router, responses=keyed)
     app.include_router(grade.router, responses=keyed)
     app.include_router(dock.router, responses=keyed)
+    # The live page at `/`: static files, open like the health route (the page sends the key for its data).
+    app.include_router(page.router)
+    open_paths = ops.OPEN_PATHS | page.OPEN_PATHS
     limits = {
         ("SampleRequest", "batch_size"): {"maximum": settings.max_batch_size},
         ("GradeRequest", "items"): {"maxItems": settings.max_grade_items},
         ("GradeItem", "completion"): {"maxLength": settings.max_completion_chars},
     }
-    complete_openapi(app, bearer=locked, limits=limits, open_paths=ops.OPEN_PATHS)
+    complete_openapi(app, bearer=locked, limits=limits, open_paths=open_paths)
     # Each add wraps the ones before: the request passes metrics, then the key, the body's type and its size
     # limit, all of which look at the head only, before the route reads the body.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(JsonBodyMiddleware)
     if settings.api_key is not None:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value(), open_paths=ops.OPEN_PATHS)
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value(), open_paths=open_paths)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app
