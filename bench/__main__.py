@@ -1,7 +1,7 @@
 """``python -m bench [NAME [FLAG ...] ...]``: the benchmarks, one after the other, each printing its table.
 
-Names: math_grader, server_load, event_loop, memory_soak, dock_throughput, grading_roles, trainer_overhead,
-batching, grpo_step (default: all).
+Names: math_grader, server_load, event_loop, memory_soak, dock_throughput, grading_roles, curriculum_sim,
+learning_run, trainer_overhead, batching, grpo_step (default: all).
 The flags after a name, up to the next name, are that benchmark's own (``python -m bench memory_soak --quick
 server_load --no-baseline``). Run with the others (no name given), memory_soak soaks at a smaller size (see
 bench/memory_soak.py).
@@ -13,7 +13,7 @@ import itertools
 import sys
 from collections.abc import Sequence
 
-from bench import dock_throughput, event_loop, math_grader, memory_soak, server_load
+from bench import curriculum_sim, dock_throughput, event_loop, math_grader, memory_soak, server_load
 
 NAMES = (
     "math_grader",
@@ -22,6 +22,8 @@ NAMES = (
     "memory_soak",
     "dock_throughput",
     "grading_roles",
+    "curriculum_sim",
+    "learning_run",
     "trainer_overhead",
     "batching",
     "grpo_step",
@@ -59,7 +61,13 @@ def main(args: Sequence[str]) -> None:
         from bench import grading_roles  # its overlap part needs the `train` extra
 
         grading_roles.main(flags_after("grading_roles", args))
+    if not only or "curriculum_sim" in only:
+        curriculum_sim.main(flags_after("curriculum_sim", args))
     # Imported when run: these need the `train` extra (torch, TRL), the server benchmarks do not.
+    if not only or "learning_run" in only:
+        from bench import learning_run
+
+        learning_run.main(flags_after("learning_run", args))
     if not only or "trainer_overhead" in only:
         from bench import trainer_overhead
 

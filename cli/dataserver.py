@@ -7,7 +7,7 @@ from pathlib import Path
 
 from proctor.curricula import builtin_curricula, builtin_path
 from proctor.server.curriculum.engine import StageSchedule
-from proctor.server.curriculum.loader import load_curriculum
+from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.curriculum.mixing import Mixer, stage_runs
 from proctor.server.history import adopt_history, read_history
 from proctor.server.logs import configure_logging
@@ -99,9 +99,33 @@ def _parse_steps(text: str, total: int) -> range:
     return range(start, stop)
 
 
+def _simulation_flags(args: argparse.Namespace, steps: range) -> tuple[int, int]:
+    """``--lag`` and ``--group-size``, checked; they mean something only with ``--simulate``."""
+    if not args.simulate:
+        given = [flag for flag, value in (("--lag", args.lag), ("--group-size", args.group_size)) if value is not None]
+        if given:
+            verb = "apply" if len(given) > 1 else "applies"
+            raise SystemExit(f"{' and '.join(given)} {verb} only to the simulated learner: add --simulate")
+        return 0, 0
+    lag = 1 if args.lag is None else args.lag
+    group_size = 8 if args.group_size is None else args.group_size
+    if lag < 0:
+        raise SystemExit(f"--lag: the statistics lag behind by 0 iterations or more, got {lag}")
+    if group_size < 2:
+        raise SystemExit(f"--group-size: GRPO compares 2 completions per prompt or more, got {group_size}")
+    if steps.start != 0:
+        raise SystemExit(
+            f"--steps: --simulate trains from step 0; give :STOP or 0:STOP, got {steps.start}:{steps.stop}"
+        )
+    return lag, group_size
+
+
 def preview(args: argparse.Namespace) -> int:
     curriculum = load_curriculum(curriculum_path(args.curriculum) or builtin_path())
     steps = _parse_steps(args.steps, curriculum.total_iterations)
+    if args.batch_size < 1:
+        raise SystemExit(f"--batch-size: need 1 prompt per step or more, got {args.batch_size}")
+    lag, group_size = _simulation_flags(args, steps)
     print(
         f"{curriculum.name} (hash {curriculum.hash}, seed {curriculum.seed}): "
         f"{len(curriculum.stages)} stages, {curriculum.total_iterations} iterations"
@@ -134,4 +158,66 @@ def preview(args: argparse.Namespace) -> int:
         source, key = mixer.draw(first, args.batch_size, step_keyed)[0]
         record = curriculum.sources[source].record(key)
         print(f"  {curriculum.stages[stage].name} [{source}]: {record.prompt!r} → {record.answer!r}")
+    if args.simulate:
+        _simulate(curriculum, steps.stop, args.batch_size, group_size, lag)
     return 0
+
+
+def _simulate(curriculum: Curriculum, steps: int, batch_size: int, group_size: int, lag: int) -> None:
+    """Train the simulated learner (:mod:`proctor.server.curriculum.simulation`) on the curriculum, and print
+    what each stage did with it."""
+    from proctor.server.curriculum.simulation import LearnerModel, population_from_curriculum, simulate
+
+    population = population_from_curriculum(curriculum, curriculum.seed)
+    print(
+        f"simulated learner, steps 0:{steps}: {batch_size} prompts × {group_size} completions per step, statistics "
+        f"{lag} step{'s' if lag != 1 else ''} behind the learner, seed {curriculum.seed}"
+    )
+    print("  latent difficulty of each source's records, from:")
+    for source, origin in population.origin.items():
+        print(f"    {source}: {origin}")
+    result = simulate(
+        curriculum,
+        population,
+        steps=steps,
+        batch_size=batch_size,
+        model=LearnerModel(group_size=group_size),
+        lag=lag,
+        seed=curriculum.seed,
+        top=3,
+    )
+    held = sum(len(d) for d in population.held_out.values())
+    print(
+        f"  held-out pass rate: the learner's expected pass rate over a held-out draw of {held} records' "
+        "difficulties, split evenly over those sources"
+    )
+    for run in result.stages:
+        print(
+            f"  {run.first:>6}–{run.stop - 1:<6} {run.name} ({run.sampler}): {run.stop - run.first} iterations, "
+            f"held-out pass rate {run.held_out_start:.2f} → {run.held_out_end:.2f}, zero-variance groups "
+            f"{run.zero_variance_share:.0%} of {run.groups}"
+        )
+        if run.top and all(r.pass_rate is None for r in run.top) and run.top[0].served == 1:
+            print(f"  {'':>14} every record served once (an endless source keeps no per-record statistics)")
+            continue
+        cells = [
+            f"{r.sample_id} ×{r.served} p̂ {r.pass_rate:.2f}"
+            if r.pass_rate is not None
+            else f"{r.sample_id} ×{r.served}"
+            for r in run.top
+        ]
+        print(f"  {'':>14} served most: {', '.join(cells)}")
+    if result.transitions:
+        print("  transitions:")
+        for t in result.transitions:
+            frm, to = curriculum.stages[t.from_stage].name, curriculum.stages[t.to_stage].name
+            print(f"    step {t.iteration}: {frm} → {to}: {t.reason}")
+    else:
+        print("  transitions: none")
+    reached = result.steps_to(0.8)
+    final = result.steps[-1].held_out if result.steps else result.initial_held_out
+    when = f"80% reached after {reached} steps" if reached is not None else f"80% not reached in {steps} steps"
+    print(
+        f"  end: held-out pass rate {result.initial_held_out:.2f} → {final:.2f} ({when}), zero-variance groups "
+        f"{result.zero_variance_share:.0%} of all"
+    )

@@ -64,7 +64,18 @@ def _parser() -> argparse.ArgumentParser:
     preview_p = sub.add_parser("preview", help="show the stage of each step and a sample prompt of each stage")
     preview_p.add_argument("curriculum")
     preview_p.add_argument("--steps", default=":", help="START:STOP (default: the whole curriculum)")
-    preview_p.add_argument("--batch-size", type=int, default=8, help="batch size used to draw the sample prompts")
+    preview_p.add_argument(
+        "--batch-size", type=int, default=8, help="prompts per step, for the sample prompts and --simulate (default 8)"
+    )
+    preview_p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="train a simulated learner on the curriculum's own stages, samplers and gates, and show each stage",
+    )
+    preview_p.add_argument(
+        "--lag", type=int, help="with --simulate: steps the statistics trail the learner by (default 1, a real client)"
+    )
+    preview_p.add_argument("--group-size", type=int, help="with --simulate: completions per prompt (default 8)")
     preview_p.set_defaults(run=preview)
 
     worker_p = sub.add_parser("grade-worker", help="grade a dataserver's completions on this machine")

@@ -328,7 +328,6 @@ class TargetDifficultyParams(_EpochParams):
     sensitivity: float = Field(default=2.0, gt=0, description="α: how sharply the move follows the reward.")
     target_reward: float = Field(default=0.5, description="β: the mean reward the target is steered towards.")
     width: float = Field(default=0.1, gt=0, le=1, description="Width of the kernel around the target.")
-    window: int = Field(default=64, ge=1, le=1_000_000, description="Latest graded rewards the mean is taken over.")
 
 
 class TargetDifficultySamplerSpec(_Spec):

@@ -1,0 +1,64 @@
+"""bench/curriculum_sim.py: its quick mode end to end (simulated learning and real servers), and its tables."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import curriculum_sim as bench
+
+
+def _table(text: str, head: str) -> list[list[str]]:
+    """The rows (cells) of the markdown table whose header starts with ``head``, header and rule left out."""
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith(f"| {head}"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+@pytest.mark.e2e
+def test_the_quick_run_prints_every_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved: dict[str, Any] = {}
+
+    def save(name: str, payload: Any) -> Path:  # the real results of a full run stay where they are
+        saved[name] = json.loads(json.dumps(payload))
+        return tmp_path / f"{name}.json"
+
+    monkeypatch.setattr(bench, "save", save)
+
+    bench.main(["--quick"])
+
+    out = capsys.readouterr().out
+    learning = _table(out, "curriculum |")
+    assert [row[0] for row in learning] == [*(v.name for v in bench.VARIANTS), bench.ORACLE]
+    assert all(len(row) == 5 for row in learning)
+    assert learning[0][3] in ("1.00×", "-")  # uniform against itself (or no base when it never got there)
+    lags = _table(out, f"{saved['curriculum_sim']['learning']['best']}: statistics lag")
+    assert [row[0] for row in lags] == ["0", "1", "2"]
+    latency = _table(out, "sampler (100,000 records, batch 32)")
+    assert [row[0] for row in latency] == [name for name, _ in bench.LATENCY_SAMPLERS]
+    assert all(re.fullmatch(r"\d+\.\d", cell) for row in latency for cell in row[1:5])
+    assert len(re.findall(r"^target: .*: (met|missed|not measurable)", out, flags=re.MULTILINE)) == 3
+
+    result = saved["curriculum_sim"]
+    assert result["seeds"] == 1 and result["steps"] == 60
+    assert {r["variant"] for r in result["learning"]["runs"]} == {v.name for v in bench.VARIANTS} | {bench.ORACLE}
+    assert all(r["iterations"] == 30 for r in result["latency"])
+
+
+def test_the_staged_curriculum_is_a_gated_ladder_over_the_sources() -> None:
+    [staged] = [v for v in bench.VARIANTS if v.sampler is None]
+    text = bench.curriculum_yaml(staged, 600, seed=2)
+    assert text.count("advance: {threshold: 0.8") == bench.SOURCES - 1
+    assert text.count("replay: 0.1") == bench.SOURCES - 1
+    assert "sampler" not in text
