@@ -37,16 +37,14 @@ COPIES = 3  # records per word, told apart by a number in the prompt
 WINDOW = 40
 
 
-def write_curriculum(folder: Path, sampler: str) -> Path:
+def write_curriculum(folder: Path, sampler: str, steps: int) -> Path:
     rows = [{"prompt": f"Say the word {w} ({i}).", "answer": w} for i in range(COPIES) for w in WORDS]
     (folder / "words.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     doc = {
         "name": "say_the_word",
         "seed": 1,
         "sources": {"words": {"path": "words.jsonl", "graders": [{"name": "regex", "params": {"from_answer": True}}]}},
-        "stages": [
-            {"name": "learn", "until_step": 100_000, "mix": [{"source": "words"}], "sampler": {"kind": sampler}}
-        ],
+        "stages": [{"name": "learn", "until_step": steps, "mix": [{"source": "words"}], "sampler": {"kind": sampler}}],
     }
     path = folder / f"{sampler}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -62,7 +60,7 @@ def window(points: Sequence[dict[str, Any]]) -> tuple[float, float]:
 
 
 def run(sampler: str, steps: int, folder: Path, screenshot: Path | None) -> dict[str, Any]:
-    curriculum = write_curriculum(folder, sampler)
+    curriculum = write_curriculum(folder, sampler, steps)
     with ServerProcess(
         [str(curriculum), "--state", ":memory:", "--grader-workers", "1"], log=folder / "server.log"
     ) as server:
@@ -83,7 +81,7 @@ def run(sampler: str, steps: int, folder: Path, screenshot: Path | None) -> dict
         board = httpx.get(f"{server.url}/dashboard", timeout=30).json()
         if screenshot is not None:  # needs Chromium
             script = Path(__file__).resolve().parent.parent / "docs" / "screenshot.py"
-            subprocess.run([sys.executable, str(script), str(screenshot), "--url", server.url], check=True)
+            subprocess.run([sys.executable, str(script), str(screenshot), "--url", f"{server.url}/"], check=True)
     points = board["iterations"]
     [histogram] = board["pass_rates"]
     first, last = window(points[:WINDOW]), window(points[-WINDOW:])
