@@ -18,9 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-from proctor.server.curriculum.adaptive import finite_sizes
+from proctor.server.curriculum.adaptive import item_tracking
 from proctor.server.curriculum.engine import TransitionRecord
-from proctor.server.curriculum.items import ItemTracking
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import UnavailableError
 from proctor.server.history import adopt_history, read_history
@@ -88,14 +87,7 @@ class AsyncStore:
                 thread,
                 lambda: store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed),
             )
-            spec = curriculum.spec
-            store.track_items(
-                ItemTracking(
-                    pass_thresholds={name: src.pass_threshold for name, src in spec.sources.items()},
-                    finite=frozenset(finite_sizes(curriculum)),
-                    decay=spec.statistics.decay,
-                )
-            )
+            store.track_items(item_tracking(curriculum))
             if settings.transitions is not None:
                 history = read_history(settings.transitions, curriculum)
                 source = str(settings.transitions)

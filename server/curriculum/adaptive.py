@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from proctor.server.curriculum.items import ItemState, ItemStatistics
+from proctor.server.curriculum.items import ItemState, ItemStatistics, ItemTracking
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.mixing import stage_weights
 from proctor.server.curriculum.samplers import Decision, RecordSampler, SamplerState, StageFeedback, build_sampler
 from proctor.server.sources.base import Source
 
-__all__ = ["AdaptiveSampling", "finite_sizes"]
+__all__ = ["AdaptiveSampling", "finite_sizes", "item_tracking"]
 
 # Records chosen per call into a sampler: a call costs tens of microseconds per record, and the sampling
 # service hands the event loop back between calls.
@@ -22,6 +22,16 @@ _PER_CALL = 128
 def finite_sizes(curriculum: Curriculum) -> dict[str, int]:
     """The sources that keep per-record state (the finite ones) and their sizes."""
     return {name: src.size for name, src in curriculum.sources.items() if src.size is not None}
+
+
+def item_tracking(curriculum: Curriculum) -> ItemTracking:
+    """What the state file folds grades into, for ``curriculum``."""
+    spec = curriculum.spec
+    return ItemTracking(
+        pass_thresholds={name: src.pass_threshold for name, src in spec.sources.items()},
+        finite=frozenset(finite_sizes(curriculum)),
+        decay=spec.statistics.decay,
+    )
 
 
 class AdaptiveSampling:

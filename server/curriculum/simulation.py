@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from proctor.server.curriculum.adaptive import AdaptiveSampling, finite_sizes
+from proctor.server.curriculum.adaptive import AdaptiveSampling, finite_sizes, item_tracking
 from proctor.server.curriculum.engine import StageSchedule, TransitionRecord
-from proctor.server.curriculum.items import ItemStatistics, ItemTracking
+from proctor.server.curriculum.items import ItemStatistics
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.mixing import Mixer
 from proctor.server.curriculum.permutation import derive_key
@@ -317,16 +317,9 @@ class SimulationResult:
 
 def _fresh_progress(curriculum: Curriculum, store: Store) -> CurriculumProgress:
     """The progress of a new run, wired as the server wires it for an empty state file."""
-    spec = curriculum.spec
     sizes = finite_sizes(curriculum)
     store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed)
-    store.track_items(
-        ItemTracking(
-            pass_thresholds={name: src.pass_threshold for name, src in spec.sources.items()},
-            finite=frozenset(sizes),
-            decay=spec.statistics.decay,
-        )
-    )
+    store.track_items(item_tracking(curriculum))
     adaptive = AdaptiveSampling(curriculum, ItemStatistics(sizes), SamplerState())
     statistics = CurriculumStatistics(curriculum.stages)
     return CurriculumProgress(curriculum, StageSchedule(curriculum.stages), statistics, None, adaptive, Timeline())
