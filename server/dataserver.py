@@ -19,14 +19,12 @@ from proctor.dock.columns import GRADER
 from proctor.server import protocol as wire
 from proctor.server import views
 from proctor.server.context import ServingContext
-from proctor.server.curriculum.adaptive import AdaptiveSampling, finite_sizes
-from proctor.server.curriculum.engine import StageSchedule
-from proctor.server.curriculum.items import ItemStatistics
+from proctor.server.curriculum.adaptive import finite_sizes
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.curriculum.samplers import SamplerState
-from proctor.server.curriculum.statistics import CurriculumStatistics
-from proctor.server.curriculum.timeline import RECENT_ERRORS, TIMELINE_ITERATIONS, Timeline
+from proctor.server.curriculum.statistics import window_size
+from proctor.server.curriculum.timeline import RECENT_ERRORS, TIMELINE_ITERATIONS
 from proctor.server.experience import ExperienceStore
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.ledger import GradeLedger
@@ -113,14 +111,22 @@ class Dataserver:
 
 
 async def _restore(curriculum: Curriculum, storage: AsyncStore) -> CurriculumProgress:
-    statistics = CurriculumStatistics(curriculum.stages)
-    sizes = finite_sizes(curriculum)
     stored = await storage.stored_progress(
-        len(curriculum.stages), statistics.window_size, sizes, (TIMELINE_ITERATIONS, RECENT_ERRORS)
+        len(curriculum.stages),
+        lambda stage: window_size(curriculum.stages[stage]),
+        finite_sizes(curriculum),
+        (TIMELINE_ITERATIONS, RECENT_ERRORS),
+    )
+    progress = CurriculumProgress.start(
+        curriculum,
+        transitions=stored.transitions,
+        decided_through=stored.decided_through,
+        last_iteration=stored.last_iteration,
+        sampler_state=SamplerState.from_json(stored.sampler_state) if stored.sampler_state is not None else None,
     )
     for stage in range(len(curriculum.stages)):
         t = stored.totals.get(stage, StageTotals())
-        statistics.restore(
+        progress.statistics.restore(
             stage,
             iterations=t.iterations,
             samples=t.samples,
@@ -129,12 +135,7 @@ async def _restore(curriculum: Curriculum, storage: AsyncStore) -> CurriculumPro
             reward_sum=t.reward_sum,
             recent=stored.recent_rewards.get(stage, []),
         )
-    schedule = StageSchedule(curriculum.stages, stored.transitions, decided_through=stored.decided_through)
-    items = ItemStatistics(sizes)
     for source, rows in stored.items.items():
-        items.restore(source, rows)
-    state = SamplerState.from_json(stored.sampler_state) if stored.sampler_state is not None else SamplerState()
-    timeline = Timeline()
-    timeline.restore(stored.iterations, stored.recent_errors)
-    adaptive = AdaptiveSampling(curriculum, items, state)
-    return CurriculumProgress(curriculum, schedule, statistics, stored.last_iteration, adaptive, timeline)
+        progress.adaptive.items.restore(source, rows)
+    progress.timeline.restore(stored.iterations, stored.recent_errors)
+    return progress

@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from proctor.server.curriculum.adaptive import AdaptiveSampling
+from proctor.server.curriculum.adaptive import AdaptiveSampling, finite_sizes
 from proctor.server.curriculum.engine import StageSchedule, TransitionRecord
+from proctor.server.curriculum.items import ItemStatistics
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.mixing import Mixer
-from proctor.server.curriculum.samplers import StageFeedback
+from proctor.server.curriculum.samplers import SamplerState, StageFeedback
 from proctor.server.curriculum.statistics import CountedGrade, CurriculumStatistics
 from proctor.server.curriculum.timeline import Timeline
 from proctor.server.store import DecisionRow, GradeOutcome, GradeRow, StoredGrades
@@ -53,6 +54,24 @@ class CurriculumProgress:
         self.last_iteration = last_iteration
         self.adaptive = adaptive
         self.timeline = timeline
+
+    @classmethod
+    def start(
+        cls,
+        curriculum: Curriculum,
+        *,
+        transitions: Sequence[TransitionRecord] = (),
+        decided_through: int | None = None,
+        last_iteration: int | None = None,
+        sampler_state: SamplerState | None = None,
+    ) -> CurriculumProgress:
+        """A curriculum's progress with the stage history and sampler state given, and empty statistics, per-record
+        state and timeline (a restart fills them in from the state file)."""
+        schedule = StageSchedule(curriculum.stages, transitions, decided_through=decided_through)
+        items = ItemStatistics(finite_sizes(curriculum))
+        adaptive = AdaptiveSampling(curriculum, items, sampler_state or SamplerState())
+        statistics = CurriculumStatistics(curriculum.stages)
+        return cls(curriculum, schedule, statistics, last_iteration, adaptive, Timeline())
 
     def stage_of(self, iteration: int) -> int:
         return self.schedule.stage_of(iteration)

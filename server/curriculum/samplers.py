@@ -408,10 +408,10 @@ def _static_difficulties(
                 raise ValueError(f"source {name!r} has no difficulty: give it `difficulty: <number>`")
             raw[name] = np.full(n, value, dtype=np.float64)
         else:
-            values = [src.record_difficulty(k) for k in range(n)]
-            if any(v is None for v in values):
-                raise ValueError(f"source {name!r} has records without a difficulty")
-            raw[name] = np.array(values, dtype=np.float64)
+            values = src.record_difficulties()
+            if values is None:
+                raise ValueError(f"source {name!r} has no per-record difficulty")
+            raw[name] = values
     lo = min(float(v.min()) for v in raw.values())
     hi = max(float(v.max()) for v in raw.values())
     if hi == lo:

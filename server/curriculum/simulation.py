@@ -36,7 +36,6 @@ trains on every batch at once, whatever the server has folded in.
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,17 +43,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from proctor.server.curriculum.adaptive import AdaptiveSampling, finite_sizes, item_tracking
-from proctor.server.curriculum.engine import StageSchedule, TransitionRecord
-from proctor.server.curriculum.items import ItemStatistics
+from proctor.server.curriculum.adaptive import item_tracking
+from proctor.server.curriculum.engine import TransitionRecord
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.mixing import Mixer
 from proctor.server.curriculum.permutation import derive_key
 from proctor.server.curriculum.progress import CurriculumProgress
-from proctor.server.curriculum.samplers import SamplerState
 from proctor.server.curriculum.spec import LearnabilityParams, TargetDifficultyParams
-from proctor.server.curriculum.statistics import CurriculumStatistics
-from proctor.server.curriculum.timeline import Timeline
 from proctor.server.store import GradeRow, IterationRow, Store
 
 __all__ = [
@@ -153,21 +148,18 @@ def population_from_curriculum(curriculum: Curriculum, seed: int, held_out: int 
     per_source: dict[str, float] = {}
     for name in names:
         src = curriculum.sources[name]
-        if src.size is not None and src.record_difficulty(0) is not None:
-            known = (src.record_difficulty(k) for k in range(src.size))
-            per_record[name] = np.array([math.nan if v is None else v for v in known], dtype=np.float64)
+        if (values := src.record_difficulties()) is not None:
+            per_record[name] = values
         elif (value := src.source_difficulty()) is not None:
             per_source[name] = value
     tables: dict[str, FloatArray] = {}
     ranges: dict[str, tuple[float, float]] = {}
     origin: dict[str, str] = {}
     if per_record:
-        lo = min(float(np.nanmin(v)) for v in per_record.values())
-        hi = max(float(np.nanmax(v)) for v in per_record.values())
+        lo = min(float(v.min()) for v in per_record.values())
+        hi = max(float(v.max()) for v in per_record.values())
         for name, raw in per_record.items():
             scaled = np.full_like(raw, 0.5) if hi == lo else (raw - lo) / (hi - lo)
-            # A record without a difficulty takes the middle of the range.
-            scaled = np.where(np.isnan(scaled), 0.5, scaled)
             tables[name] = LATENT_EASIEST + (LATENT_HARDEST - LATENT_EASIEST) * scaled
             spec_field = getattr(curriculum.spec.sources[name], "difficulty_field", None)
             origin[name] = (
@@ -317,12 +309,9 @@ class SimulationResult:
 
 def _fresh_progress(curriculum: Curriculum, store: Store) -> CurriculumProgress:
     """The progress of a new run, wired as the server wires it for an empty state file."""
-    sizes = finite_sizes(curriculum)
     store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed)
     store.track_items(item_tracking(curriculum))
-    adaptive = AdaptiveSampling(curriculum, ItemStatistics(sizes), SamplerState())
-    statistics = CurriculumStatistics(curriculum.stages)
-    return CurriculumProgress(curriculum, StageSchedule(curriculum.stages), statistics, None, adaptive, Timeline())
+    return CurriculumProgress.start(curriculum)
 
 
 def simulate(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from proctor.server.curriculum.loader import Stage
 
-__all__ = ["DEFAULT_WINDOW", "CountedGrade", "CurriculumStatistics", "StageTally"]
+__all__ = ["DEFAULT_WINDOW", "CountedGrade", "CurriculumStatistics", "StageTally", "window_size"]
 
 DEFAULT_WINDOW = 64  # the rolling window shown for stages without a gate
 
@@ -47,18 +47,16 @@ class CountedGrade:
     replaced_error: bool = False
 
 
+def window_size(stage: Stage) -> int:
+    """How many of a stage's latest rewards its rolling mean is over: its gate's window, or the default."""
+    return stage.advance.window if stage.advance else DEFAULT_WINDOW
+
+
 class CurriculumStatistics:
     """A :class:`StageTally` per stage of a curriculum."""
 
     def __init__(self, stages: Sequence[Stage]) -> None:
-        self.stages: tuple[StageTally, ...] = tuple(
-            StageTally(deque(maxlen=s.advance.window if s.advance else DEFAULT_WINDOW)) for s in stages
-        )
-
-    def window_size(self, stage: int) -> int:
-        size = self.stages[stage].window.maxlen
-        assert size is not None
-        return size
+        self.stages: tuple[StageTally, ...] = tuple(StageTally(deque(maxlen=window_size(s))) for s in stages)
 
     def restore(
         self,

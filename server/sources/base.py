@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from proctor.server.protocol import check_sample_id
 
 __all__ = ["Record", "SampleId", "Source", "content_version"]
@@ -88,6 +91,15 @@ class Source(ABC):
         """What a procedural source's knobs say about its difficulty, on [0, 1]; ``None`` when they say nothing."""
         return None
 
-    def record_difficulty(self, key: int) -> float | None:
-        """The difficulty of one record, where the source has one per record; ``None`` otherwise."""
+    def record_difficulties(self) -> npt.NDArray[np.float64] | None:
+        """Every record's difficulty, by key, where the source has one per record; ``None`` otherwise. Built
+        once: the samplers read it whole."""
         return None
+
+    def record_difficulty(self, key: int) -> float | None:
+        """The difficulty of one record (see :meth:`record_difficulties`); raises ``KeyError`` for a key the
+        source does not have."""
+        if self.size is not None and not 0 <= key < self.size:
+            raise KeyError(key)
+        values = self.record_difficulties()
+        return None if values is None else float(values[key])

@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from proctor.server.curriculum.spec import FileSourceSpec
 from proctor.server.exceptions import ProctorError
 from proctor.server.sources.base import Record, Source, content_version
@@ -46,13 +49,14 @@ class FileSource(Source):
         self.spec = spec
         self._records: list[Record] = []
         # Kept apart from the records: metadata_fields may well leave the difficulty field out of them.
-        self._difficulties: list[float] | None = None if spec.difficulty_field is None else []
+        difficulties: list[float] | None = None if spec.difficulty_field is None else []
         for i, row in enumerate(_read_rows(spec.kind, raw)):
             self._records.append(self._to_record(i, row))
-            if self._difficulties is not None:
-                self._difficulties.append(self._difficulty(i, row))
+            if difficulties is not None:
+                difficulties.append(self._difficulty(i, row))
         if not self._records:
             raise SourceDataError("path", f"{path} holds no records")
+        self._difficulties = None if difficulties is None else np.array(difficulties, dtype=np.float64)
 
     @property
     def size(self) -> int:
@@ -63,11 +67,9 @@ class FileSource(Source):
             raise KeyError(key)
         return self._records[key]
 
-    def record_difficulty(self, key: int) -> float | None:
-        """The record's ``difficulty_field`` as a number; ``None`` when the spec names no such field."""
-        if not 0 <= key < len(self._records):
-            raise KeyError(key)
-        return None if self._difficulties is None else self._difficulties[key]
+    def record_difficulties(self) -> npt.NDArray[np.float64] | None:
+        """Each record's ``difficulty_field`` as a number; ``None`` when the spec names no such field."""
+        return self._difficulties
 
     def _difficulty(self, index: int, row: dict[str, Any]) -> float:
         field = self.spec.difficulty_field
