@@ -15,10 +15,15 @@ Derived rather than configured (tunix's "derive accumulation steps from mini and
 
 - ``updates_per_iteration = global / mini``;
 - ``gradient_accumulation_steps = mini × n / (micro × dp)``;
-- the *service batch* ``lcm(rollout, ref, old micro)`` pairs, the batch the LCM aggregator computes at once,
+- the *service batch* ``lcm(rollout, ref, old micro)`` pairs, which cuts evenly into every forward micro-batch,
   and ``service_target_prompts``, the fewest prompts whose ``n`` completions fill a multiple of it.
 
 Every combination that does not divide evenly is a ``ValueError`` that names the numbers and the one to change.
+
+TRL's ``GRPOTrainer`` counts the same quantities in rows per device instead (``per_device_train_batch_size``,
+``gradient_accumulation_steps``, ``steps_per_generation``), and lets a micro-batch hold part of a prompt's group;
+:func:`derive_generation_sizes` is this vocabulary in those units, and ``ProctorGRPOConfig`` derives its sizes
+through it.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from types import MappingProxyType
 
 from proctor.batching.lcm import lcm
 
-__all__ = ["GROUP_ROLES", "ROLES", "BatchPlan", "derive_batch_plan"]
+__all__ = ["GROUP_ROLES", "ROLES", "BatchPlan", "GenerationSizes", "derive_batch_plan", "derive_generation_sizes"]
 
 ROLES: tuple[str, ...] = ("actor_rollout", "actor_logprob", "actor_update", "ref", "reward")
 """The roles that read from the data system, each with a DP size (``role_dp_sizes``)."""
@@ -251,7 +256,7 @@ def derive_batch_plan(
     rollout_micro = forward_micros["actor_rollout"][1]
     ref_micro = forward_micros["ref"][1]
     old_micro = forward_micros["actor_logprob"][1]
-    service = lcm(rollout_micro, ref_micro, old_micro)
+    service = _service_batch(rollout_micro, ref_micro, old_micro)
     return BatchPlan(
         global_batch_size=g,
         mini_batch_size=mini,
@@ -277,4 +282,134 @@ def derive_batch_plan(
         # k prompts give k·n pairs; the fewest with service | k·n is service / gcd(service, n).
         service_target_prompts=service // math.gcd(service, n),
         role_dp_sizes=MappingProxyType(resolved_dp),
+    )
+
+
+def _service_batch(*sizes: int | None) -> int:
+    """The batch that cuts evenly into every given forward micro-batch size: their ``lcm`` (1 when none is set)."""
+    given = [size for size in sizes if size is not None]
+    return lcm(*given) if given else 1
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSizes:
+    """Every size of one ``GRPOTrainer``-style configuration, in rows ((prompt, completion) pairs) per device.
+
+    Made by :func:`derive_generation_sizes`, which checks them.
+    """
+
+    per_device_train_batch_size: int
+    """Rows per training forward+backward micro-step on one device."""
+    gradient_accumulation_steps: int
+    steps_per_generation: int
+    """Micro-steps one generation feeds; the local generation batch is ``per_device × steps_per_generation`` rows."""
+    steps_per_generation_derived: bool
+    """Whether ``steps_per_generation`` was derived here (left unset) rather than given."""
+    num_generations: int
+    dp_size: int
+    rollout_micro_batch_size: int | None
+    ref_logps_micro_batch_size: int | None
+    old_logps_micro_batch_size: int | None
+    service_batch_size: int
+    """``lcm`` of the forward micro sizes that are set: the local generation batch is a multiple of it."""
+
+    @property
+    def local_generation_rows(self) -> int:
+        """Rows one device generates per generation: TRL's buffer, cut into each pass's micro-batches."""
+        return self.per_device_train_batch_size * self.steps_per_generation
+
+    @property
+    def generation_batch_size(self) -> int:
+        """Rows generated per generation over all devices."""
+        return self.local_generation_rows * self.dp_size
+
+    @property
+    def rows_per_update(self) -> int:
+        """Rows behind one optimizer step over all devices."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.dp_size
+
+    def describe(self) -> str:
+        """One line of the derived sizes, for a training script's start-up output."""
+        micros = ", ".join(
+            f"{name} {size}"
+            for name, size in (
+                ("rollout", self.rollout_micro_batch_size),
+                ("ref", self.ref_logps_micro_batch_size),
+                ("old", self.old_logps_micro_batch_size),
+            )
+            if size is not None
+        )
+        derived = " (derived)" if self.steps_per_generation_derived else ""
+        return (
+            f"{self.per_device_train_batch_size} rows per micro-step × {self.gradient_accumulation_steps} accumulated"
+            f" × {self.dp_size} devices = {self.rows_per_update} rows per update; steps_per_generation"
+            f" {self.steps_per_generation}{derived}: {self.local_generation_rows} rows generated per device"
+            + (f", service batch {self.service_batch_size} = lcm({micros})" if micros else "")
+        )
+
+
+def derive_generation_sizes(
+    *,
+    per_device_train_batch_size: int,
+    gradient_accumulation_steps: int,
+    num_generations: int,
+    dp_size: int,
+    steps_per_generation: int | None = None,
+    rollout_micro_batch_size: int | None = None,
+    ref_logps_micro_batch_size: int | None = None,
+    old_logps_micro_batch_size: int | None = None,
+) -> GenerationSizes:
+    """Check a ``GRPOTrainer``-style configuration and derive ``steps_per_generation`` when it is left unset.
+
+    The local generation batch (``per_device_train_batch_size × steps_per_generation`` rows) must be a multiple
+    of the service batch, ``lcm`` of the forward micro sizes that are set, so that generation and the old/ref
+    log-prob passes each cut it into whole micro-batches. Left unset, ``steps_per_generation`` becomes the
+    smallest multiple of ``gradient_accumulation_steps`` that makes it so: generations stay aligned with
+    optimizer steps. Given, a mismatch is a ``ValueError`` naming the numbers and what to change.
+    """
+    per_device = _positive("per_device_train_batch_size", per_device_train_batch_size)
+    accumulation = _positive("gradient_accumulation_steps", gradient_accumulation_steps)
+    n = _positive("num_generations", num_generations)
+    dp = _positive("dp_size", dp_size)
+    micros = {
+        name: None if value is None else _positive(name, value)
+        for name, value in (
+            ("rollout_micro_batch_size", rollout_micro_batch_size),
+            ("ref_logps_micro_batch_size", ref_logps_micro_batch_size),
+            ("old_logps_micro_batch_size", old_logps_micro_batch_size),
+        )
+    }
+    service = _service_batch(*micros.values())
+    derived = steps_per_generation is None
+    if steps_per_generation is None:
+        per_step = per_device * accumulation
+        steps = accumulation * (service // math.gcd(service, per_step))
+    else:
+        steps = _positive("steps_per_generation", steps_per_generation)
+        local = per_device * steps
+        if local % service:
+            named = ", ".join(f"{name.split('_')[0]} {size}" for name, size in micros.items() if size is not None)
+            raise ValueError(
+                f"the local generation batch, per_device_train_batch_size ({per_device}) × steps_per_generation "
+                f"({steps}) = {local} rows, is not a multiple of the service batch lcm({named}) = {service}: set "
+                f"steps_per_generation to a multiple of {service // math.gcd(service, per_device)}, leave it unset "
+                "to have it derived, or change the micro-batch sizes"
+            )
+    if (per_device * steps * dp) % n:
+        raise ValueError(
+            f"the generation batch, per_device_train_batch_size ({per_device}) × steps_per_generation ({steps}) × "
+            f"{dp} devices = {per_device * steps * dp} rows, is not a multiple of num_generations={n}, so a "
+            "prompt's group would be cut: change per_device_train_batch_size or steps_per_generation"
+        )
+    return GenerationSizes(
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=steps,
+        steps_per_generation_derived=derived,
+        num_generations=n,
+        dp_size=dp,
+        rollout_micro_batch_size=micros["rollout_micro_batch_size"],
+        ref_logps_micro_batch_size=micros["ref_logps_micro_batch_size"],
+        old_logps_micro_batch_size=micros["old_logps_micro_batch_size"],
+        service_batch_size=service,
     )

@@ -3,8 +3,11 @@
     proctor train --server http://127.0.0.1:8000 --model Qwen/Qwen2.5-0.5B-Instruct --max-steps 200
     proctor train --model tiny            # a tiny model built offline (no hub), for trying things on a CPU
 
-Prompts come from the server's curriculum (``RemoteRLDataset``) and rewards from its graders
-(``remote_reward``); each step prints the curriculum stage and the mean reward.
+The trainer is ``ProctorGRPOTrainer`` (``proctor.client.trainer``): TRL's ``GRPOTrainer`` with the rollout's
+passes batched by rows or by token budget, as the ``--rollout-micro-batch-size`` / ``--max-tokens-per-microbatch-*``
+flags say. Prompts come from the server's curriculum (``RemoteRLDataset``) and rewards from its graders
+(``remote_reward``); each step prints the curriculum stage, the mean reward and, when passes are packed by
+token budget, their micro-batch counts and padding.
 """
 
 from __future__ import annotations
@@ -13,21 +16,36 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
 from proctor.client.dataset import RemoteRLDataset
 from proctor.client.http import ProctorClient
 from proctor.client.rewards import remote_reward
 from proctor.client.tiny import build_tiny_model, run_defaults
+from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
-__all__ = ["StepReporter", "build_parser", "main", "train"]
+__all__ = ["StepReporter", "build_parser", "config_from_args", "main", "train"]
 
 TINY = "tiny"
+
+
+def positive(unit: str) -> Callable[[str], int]:
+    """An argparse ``type=`` for a count of ``unit`` that must be at least 1; argparse names the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be a positive integer ({unit}), got {text}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,34 +55,123 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=TINY, help="a Hugging Face model path or id; 'tiny' builds one offline")
     p.add_argument("--tiny-dir", default=".proctor/tiny-model", help="where the tiny model is built")
     p.add_argument("--output-dir", default="runs/proctor-grpo")
-    p.add_argument("--per-device-train-batch-size", type=int, default=8, help="completions per device and step")
-    p.add_argument("--num-generations", type=int, default=4, help="completions per prompt (G)")
-    p.add_argument("--gradient-accumulation-steps", type=int, default=1)
-    p.add_argument("--steps-per-generation", type=int, default=None)
-    p.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default: the whole curriculum)")
-    p.add_argument("--max-completion-length", type=int, default=32)
+    p.add_argument(
+        "--per-device-train-batch-size", type=positive("rows"), default=8, help="completions per device and micro-step"
+    )
+    p.add_argument(
+        "--num-generations", type=positive("completions per prompt"), default=4, help="completions per prompt (G)"
+    )
+    p.add_argument("--gradient-accumulation-steps", type=positive("micro-steps per optimizer step"), default=1)
+    p.add_argument(
+        "--steps-per-generation",
+        type=positive("micro-steps per generation"),
+        default=None,
+        help="micro-steps one generation feeds (default: derived so every rollout pass cuts whole micro-batches)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=positive("optimizer steps"),
+        default=None,
+        help="optimizer steps (default: the whole curriculum)",
+    )
+    p.add_argument(
+        "--max-completion-length", type=positive("tokens"), default=32, help="tokens per completion, at most"
+    )
     p.add_argument("--learning-rate", type=float, default=None, help="default 1e-4 for tiny, 1e-6 otherwise")
-    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient")
+    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds a reference log-prob pass)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--on-error", choices=["skip", "server"], default="skip", help="reward of a failed grading")
     p.add_argument("--save", action="store_true", help="save the trained model to --output-dir")
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="train in bf16 even where the default would not (default: bf16 on a GPU, fp32 on a CPU)",
+    )
+
+    batching = p.add_argument_group(
+        "rollout batching",
+        "How the rollout's passes are cut into micro-batches: by rows, or packed by a token budget "
+        "(rows × padded length). The local generation batch must cut into whole row micro-batches; "
+        "--steps-per-generation is derived to make it so unless given.",
+    )
+    batching.add_argument(
+        "--rollout-micro-batch-size",
+        metavar="ROWS",
+        type=positive("rows per generate call"),
+        default=None,
+        help="rows ((prompt, completion) pairs) per generate call (default: the whole local generation batch)",
+    )
+    batching.add_argument(
+        "--ref-logps-micro-batch-size",
+        metavar="ROWS",
+        type=positive("rows per reference forward"),
+        default=None,
+        help="rows per reference log-prob forward (default: --per-device-train-batch-size)",
+    )
+    batching.add_argument(
+        "--old-logps-micro-batch-size",
+        metavar="ROWS",
+        type=positive("rows per old-policy forward"),
+        default=None,
+        help="rows per old-policy log-prob forward (default: --per-device-train-batch-size)",
+    )
+    batching.add_argument(
+        "--max-tokens-per-microbatch-in-infer",
+        metavar="TOKENS",
+        type=positive("tokens per micro-batch"),
+        default=None,
+        help="pack the reference and old-policy log-prob passes by this token budget instead of by rows",
+    )
+    batching.add_argument(
+        "--sequence-length-round-in-infer",
+        metavar="TOKENS",
+        type=positive("tokens"),
+        default=1,
+        help="pad each packed log-prob micro-batch's length to a multiple of this many tokens (default 1)",
+    )
+    batching.add_argument(
+        "--max-tokens-per-microbatch-in-train",
+        metavar="TOKENS",
+        type=positive("tokens per micro-batch"),
+        default=None,
+        help="run the training forward+backward per micro-batch packed to this token budget",
+    )
+    batching.add_argument(
+        "--sequence-length-round-in-train",
+        metavar="TOKENS",
+        type=positive("tokens"),
+        default=1,
+        help="pad each packed training micro-batch's length to a multiple of this many tokens (default 1)",
+    )
+    batching.add_argument(
+        "--padding-free",
+        choices=["auto", "off"],
+        default="auto",
+        help="auto: lay a packed micro-batch's rows back to back with no padding where the model's attention keeps "
+        "packed sequences apart (checked once on the model); off: always padded rectangles (default auto)",
+    )
+    batching.add_argument(
+        "--no-balance-ranks",
+        dest="balance_ranks",
+        action="store_false",
+        help="with --max-tokens-per-microbatch-in-train on several processes, keep each process's own rows instead "
+        "of redistributing a micro-step's rows across processes by token count",
+    )
     return p
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Run GRPO as ``args`` say; returns a summary (steps, rewards per step, curriculum transitions)."""
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+def config_from_args(args: argparse.Namespace, *, gpu: bool) -> ProctorGRPOConfig:
+    """The trainer's configuration from ``args``; a combination it refuses is a ``ValueError`` saying what to change.
+
+    ``max_steps`` stays -1 when ``--max-steps`` is not given: ``train`` sets it from the server's curriculum.
+    """
     tiny = args.model == TINY
-    model = str(build_tiny_model(args.tiny_dir)) if tiny else args.model
-    if tiny:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    client = ProctorClient(args.server, api_key=args.api_key)
-    client.wait_ready()
-    meta = client.meta()
-    gpu = torch.cuda.is_available()
-    config = GRPOConfig(
-        **run_defaults(args.output_dir, gpu=gpu, seed=args.seed),
+    defaults = run_defaults(args.output_dir, gpu=gpu, seed=args.seed)
+    if args.bf16:
+        defaults["bf16"] = True
+    return ProctorGRPOConfig(
+        **defaults,
         per_device_train_batch_size=args.per_device_train_batch_size,
         num_generations=args.num_generations,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -73,14 +180,49 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         learning_rate=args.learning_rate or (1e-4 if tiny else 1e-6),
         beta=args.beta,
         temperature=args.temperature,
-        # One optimizer step per generation step by default (steps_per_generation = gradient accumulation).
-        max_steps=args.max_steps or meta.total_iterations,
+        max_steps=args.max_steps or -1,
         shuffle_dataset=False,  # the curriculum's order is the point
+        rollout_micro_batch_size=args.rollout_micro_batch_size,
+        ref_logps_micro_batch_size=args.ref_logps_micro_batch_size,
+        old_logps_micro_batch_size=args.old_logps_micro_batch_size,
+        use_dynamic_batching_in_infer=args.max_tokens_per_microbatch_in_infer is not None,
+        max_tokens_per_microbatch_in_infer=args.max_tokens_per_microbatch_in_infer,
+        sequence_length_round_in_infer=args.sequence_length_round_in_infer,
+        use_dynamic_batching_in_train=args.max_tokens_per_microbatch_in_train is not None,
+        max_tokens_per_microbatch_in_train=args.max_tokens_per_microbatch_in_train,
+        sequence_length_round_in_train=args.sequence_length_round_in_train,
+        padding_free=args.padding_free,
+        balance_ranks_by_tokens=args.balance_ranks,
     )
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Run GRPO as ``args`` say; returns a summary (steps, rewards per step, curriculum transitions).
+
+    A configuration the trainer refuses exits as argparse does (``proctor train: error: ...``, status 2), before
+    the server is contacted.
+    """
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    gpu = torch.cuda.is_available()
+    try:
+        config = config_from_args(args, gpu=gpu)
+    except ValueError as exc:
+        build_parser().error(str(exc))
+    tiny = args.model == TINY
+    model = str(build_tiny_model(args.tiny_dir)) if tiny else args.model
+    if tiny:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    client = ProctorClient(args.server, api_key=args.api_key)
+    client.wait_ready()
+    meta = client.meta()
+    if args.max_steps is None:
+        # One optimizer step per curriculum iteration (steps_per_generation = gradient accumulation by default).
+        config.max_steps = meta.total_iterations
     tokenizer = AutoTokenizer.from_pretrained(model)
     dataset = RemoteRLDataset(client, config, processing_class=tokenizer)
-    progress = StepReporter(dataset, is_main=config.process_index == 0)
-    trainer = GRPOTrainer(
+    is_main = config.process_index == 0
+    progress = StepReporter(dataset, is_main=is_main)
+    trainer = ProctorGRPOTrainer(
         model=model,
         reward_funcs=remote_reward(client, on_error=args.on_error, dataset=dataset),
         args=config,
@@ -90,20 +232,24 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     )
     # The reporter prints one line per step; transformers' own printer would add the whole logs dict.
     trainer.remove_callback(PrinterCallback)
-    if config.process_index == 0:
+    if is_main:
         print(
             f"training {model} on {meta.curriculum!r} ({meta.total_iterations} iterations, "
             f"{dataset.layout.prompts_per_generation} prompts × {config.num_generations} completions per step) "
             f"for {config.max_steps} steps",
             flush=True,
         )
+        print(f"  batch sizes: {config.batch_sizes.describe()}", flush=True)
+        packed = _packing_text(config)
+        if packed:
+            print(f"  packed by token budget: {packed}", flush=True)
     trainer.train()
     dataset.close()
     if args.save:
         trainer.save_model(args.output_dir)
     state = client.curriculum()
     client.close()
-    if config.process_index == 0:
+    if is_main:
         print("curriculum transitions:")
         for t in state.transitions or []:
             print(f"  iteration {t.iteration:>4}: {t.from_stage} → {t.to_stage} ({t.reason})")
@@ -112,8 +258,30 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return {"steps": progress.steps, "transitions": [t.model_dump() for t in state.transitions]}
 
 
+def _packing_text(config: ProctorGRPOConfig) -> str:
+    """The token budgets of the packed passes, e.g. ``log-prob passes ≤ 64 tokens (round 1); training ≤ 48 ...``."""
+    parts = []
+    if config.use_dynamic_batching_in_infer:
+        parts.append(
+            f"log-prob passes ≤ {config.max_tokens_per_microbatch_in_infer} tokens "
+            f"(round {config.sequence_length_round_in_infer})"
+        )
+    if config.use_dynamic_batching_in_train:
+        parts.append(
+            f"training ≤ {config.max_tokens_per_microbatch_in_train} tokens "
+            f"(round {config.sequence_length_round_in_train})"
+        )
+    return "; ".join(parts)
+
+
+# The trainer logs these per step (means over the step's passes) when a pass is packed by token budget.
+_PASSES = ("train", "old", "ref")
+
+
 class StepReporter(TrainerCallback):
-    """Prints one line per optimizer step: step, generation iteration, curriculum stage, mean reward."""
+    """Prints one line per optimizer step: step, generation iteration, curriculum stage, mean reward, and the
+    packed passes' micro-batch counts and padding ratios (computed tokens ÷ real tokens) when the trainer logs them.
+    """
 
     def __init__(self, dataset: RemoteRLDataset, *, is_main: bool = True) -> None:
         self.dataset = dataset
@@ -125,19 +293,36 @@ class StepReporter(TrainerCallback):
         if not logs or "reward" not in logs:
             return
         iteration = int(logs.get("proctor/iteration", -1))
-        entry = {
+        entry: dict[str, Any] = {
             "step": state.global_step,
             "iteration": iteration,
             "stage": self.dataset.stage_of(iteration),
             "reward": logs["reward"],
         }
+        batching = []
+        for kind in _PASSES:
+            count, padding = logs.get(f"batching/{kind}_micro_batches"), logs.get(f"batching/{kind}_padding_ratio")
+            if count is None or padding is None:
+                continue
+            entry[f"{kind}_micro_batches"] = count
+            entry[f"{kind}_padding_ratio"] = padding
+            if kind == "train":
+                batching.append(f"micro-batches {_count(count)} padding {padding:.2f}")
+            else:
+                batching.append(f"{kind} {_count(count)}×{padding:.2f}")
         self.steps.append(entry)
         if self.is_main:
+            figures = "".join(f"  {b}" for b in batching)
             print(
                 f"step {entry['step']:>4}  iteration {iteration:>4}  stage {entry['stage']:<12} "
-                f"reward {entry['reward']:.3f}  ({time.perf_counter() - self._started:.0f}s)",
+                f"reward {entry['reward']:.3f}{figures}  ({time.perf_counter() - self._started:.0f}s)",
                 flush=True,
             )
+
+
+def _count(value: float) -> str:
+    """A logged micro-batch count: a mean over the step's passes, so whole unless they differed."""
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -96,7 +96,7 @@ def test_an_explicit_steps_per_generation_that_cuts_chunks_is_refused(tmp_path: 
         config(tmp_path, rollout_micro_batch_size=8, ref_logps_micro_batch_size=3, steps_per_generation=1)
     assert str(info.value) == (
         "the local generation batch, per_device_train_batch_size (4) × steps_per_generation (1) = 4 rows, is not a "
-        "multiple of service_target_bs = lcm(rollout 8, ref 3) = 24: set steps_per_generation to a multiple of 6, "
+        "multiple of the service batch lcm(rollout 8, ref 3) = 24: set steps_per_generation to a multiple of 6, "
         "leave it unset to have it derived, or change the micro-batch sizes"
     )
 
@@ -110,8 +110,43 @@ def test_dynamic_batching_needs_a_budget(tmp_path: Path, phase: str) -> None:
 
 
 def test_micro_batch_sizes_must_be_positive(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="old_logps_micro_batch_size must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="old_logps_micro_batch_size must be a positive integer, got 0"):
         config(tmp_path, old_logps_micro_batch_size=0)
+
+
+def test_the_derived_sizes_are_described(tmp_path: Path) -> None:
+    sizes = config(tmp_path, rollout_micro_batch_size=8, gradient_accumulation_steps=2).batch_sizes
+    assert sizes.describe() == (
+        "4 rows per micro-step × 2 accumulated × 1 devices = 8 rows per update; steps_per_generation 2 (derived): "
+        "8 rows generated per device, service batch 8 = lcm(rollout 8)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"top_entropy_quantile": 0.5},
+            "use_dynamic_batching_in_train does not support top_entropy_quantile < 1: it needs the whole "
+            "micro-step's entropies before any backward: turn it off, or set use_dynamic_batching_in_train=False",
+        ),
+        (
+            {"entropy_coef": 0.01},
+            "use_dynamic_batching_in_train does not support an entropy bonus (entropy_coef or use_adaptive_entropy)",
+        ),
+    ],
+)
+def test_training_settings_that_need_the_whole_micro_step_are_refused(
+    tmp_path: Path, overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        config(tmp_path, use_dynamic_batching_in_train=True, max_tokens_per_microbatch_in_train=64, **overrides)
+    assert str(info.value).startswith(message)
+
+
+def test_padding_free_takes_auto_or_off(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="padding_free must be 'auto' or 'off', got 'yes'"):
+        config(tmp_path, padding_free="yes")
 
 
 # --- log-prob passes -------------------------------------------------------------------------------------
@@ -123,7 +158,7 @@ def test_the_batching_log_keeps_only_the_latest_entries() -> None:
         log.record_generate(rows)
         log.record_logps("ref", rows, 8)
     assert log.generate_rows == [2, 3, 4]
-    assert log.logps_calls == [("ref", 2, 8), ("ref", 3, 8), ("ref", 4, 8)]
+    assert log.logps_calls == [("ref", 2, 8, False), ("ref", 3, 8, False), ("ref", 4, 8, False)]
 
 
 @pytest.mark.parametrize("mbs", [1, 3, 4, 10])
@@ -132,14 +167,16 @@ def test_chunked_logps_equal_stock_and_use_the_configured_chunks(tiny_model: Pat
     ids, mask, keep = batch(tiny_model)
     with torch.no_grad():
         expected, _, _ = stock(t, t.model, ids, mask, keep)
-        t._no_grad_calls = 0
         got, _, _ = t._get_per_token_logps_and_entropies(t.model, ids, mask, keep, batch_size=4)
     assert torch.allclose(got, expected, atol=1e-5)
-    assert [rows for _, rows, _ in t.batching_log.logps_calls] == [min(mbs, 10 - s) for s in range(0, 10, mbs)]
+    assert [call.rows for call in t.batching_log.logps_calls] == [min(mbs, 10 - s) for s in range(0, 10, mbs)]
 
 
+@pytest.mark.parametrize("padding_free", ["auto", "off"])
 @pytest.mark.parametrize(("budget", "round_to"), [(16, 1), (32, 1), (48, 4), (200, 8)])
-def test_packed_logps_equal_stock(tiny_model: Path, tmp_path: Path, budget: int, round_to: int) -> None:
+def test_packed_logps_equal_stock(
+    tiny_model: Path, tmp_path: Path, budget: int, round_to: int, padding_free: str
+) -> None:
     t = trainer(
         tiny_model,
         config(
@@ -147,6 +184,7 @@ def test_packed_logps_equal_stock(tiny_model: Path, tmp_path: Path, budget: int,
             use_dynamic_batching_in_infer=True,
             max_tokens_per_microbatch_in_infer=budget,
             sequence_length_round_in_infer=round_to,
+            padding_free=padding_free,
         ),
     )
     ids, mask, keep = batch(tiny_model)
@@ -156,10 +194,15 @@ def test_packed_logps_equal_stock(tiny_model: Path, tmp_path: Path, budget: int,
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() <= 1e-5
     lengths = mask.sum(1).tolist()
-    for _, rows, width in t.batching_log.logps_calls:
+    calls = t.batching_log.logps_calls
+    # The tiny Qwen2 runs sdpa, which keeps packed sequences apart: "auto" packs them with no padding at all.
+    assert {call.packed for call in calls} == {padding_free == "auto"}
+    assert sum(call.rows for call in calls) == len(lengths)
+    for call in calls:
         # Every micro-batch is within the budget, unless it is one sequence longer than the budget on its own.
-        assert rows * width <= budget or (rows == 1 and width >= max(lengths) and width > budget)
-        assert width % round_to == 0
+        tokens = call.width if call.packed else call.rows * call.width
+        assert tokens <= budget or (call.rows == 1 and call.width >= max(lengths) and call.width > budget)
+        assert call.width % round_to == 0
 
 
 def test_the_packed_training_pass_gives_stock_values_and_gradients(tiny_model: Path, tmp_path: Path) -> None:
@@ -230,6 +273,44 @@ def test_a_run_with_every_knob_trains(tiny_model: Path, tmp_path: Path) -> None:
     losses = [h["loss"] for h in t.state.log_history if "loss" in h]
     assert losses and all(torch.isfinite(torch.tensor(losses)))
     assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters())
-    kinds = {kind for kind, _, _ in t.batching_log.logps_calls}
+    kinds = {call.kind for call in t.batching_log.logps_calls}
     assert kinds == {"old", "ref", "train"}
     assert set(t.batching_log.generate_rows) == {2}
+
+
+def test_the_old_and_reference_passes_of_a_lora_policy_are_told_apart_by_its_adapters(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from peft import LoraConfig
+    from trl.trainer.utils import use_adapter
+
+    args = config(
+        tmp_path, max_steps=1, beta=0.04, num_iterations=2, old_logps_micro_batch_size=2, ref_logps_micro_batch_size=3
+    )
+    t = ProctorGRPOTrainer(
+        model=str(tiny_model),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=prompts(8),
+        processing_class=AutoTokenizer.from_pretrained(tiny_model),
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    )
+    assert t.ref_model is None  # the reference pass runs on the policy with its adapters off
+    t.train()
+    no_grad = [(call.kind, call.rows) for call in t.batching_log.logps_calls if call.kind != "train"]
+    # 12 rows per generation (steps_per_generation derived to 3, for whole chunks of lcm(2, 3) = 6 rows).
+    assert no_grad == [("old", 2)] * 6 + [("ref", 3)] * 4
+
+    # In any order and any number of times: the signal is the adapter state, not the calls before.
+    ids, mask, keep = batch(tiny_model, n=3)
+    kinds = []
+    with torch.no_grad():
+        for reference in (True, True, False, True, False, False):
+            t.batching_log.logps_calls.clear()
+            if reference:
+                with use_adapter(t.accelerator.unwrap_model(t.model), adapter_name=None):
+                    t._get_per_token_logps_and_entropies(t.model, ids, mask, keep)
+            else:
+                t._get_per_token_logps_and_entropies(t.model, ids, mask, keep)
+            kinds.append(t.batching_log.logps_calls[0].kind)
+    assert kinds == ["ref", "ref", "old", "ref", "old", "old"]
