@@ -19,10 +19,14 @@ __all__ = ["keeps_packed_sequences_apart"]
 _TOLERANCE = 0.05
 
 
-def keeps_packed_sequences_apart(model: Any) -> bool:
+def keeps_packed_sequences_apart(model: Any, *, config: Any | None = None) -> bool:
     """Whether ``model`` scores two sequences packed in one row (position ids restarting, no attention mask) as
-    it scores each alone: three small forwards, compared."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    it scores each alone: three small forwards, compared.
+
+    ``model`` may be a wrapper (DDP, FSDP) that runs the forward; ``config`` is then the wrapped model's.
+    """
+    config = config if config is not None else model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(0)
     first = torch.randint(config.vocab_size, (6,), generator=generator).to(device)

@@ -483,8 +483,9 @@ class ProctorGRPOTrainer(GRPOTrainer):
         unwrapped = self.accelerator.unwrap_model(model)
         key = id(unwrapped)
         if key not in self._packs_sequences:
+            # The forward goes through the wrapper (DDP, FSDP), which knows how to run its shards.
             with self.accelerator.autocast():
-                self._packs_sequences[key] = keeps_packed_sequences_apart(unwrapped)
+                self._packs_sequences[key] = keeps_packed_sequences_apart(model, config=unwrapped.config)
         return self._packs_sequences[key]
 
     def _log_plan(
