@@ -288,16 +288,22 @@ class StepReporter(TrainerCallback):
         self.is_main = is_main
         self.steps: list[dict[str, Any]] = []
         self._started = time.perf_counter()
+        self._generation: tuple[int, float] | None = None
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **_: Any) -> None:
-        if not logs or "reward" not in logs:
+        if not logs:
             return
-        iteration = int(logs.get("proctor/iteration", -1))
+        if "reward" in logs:
+            self._generation = (int(logs.get("proctor/iteration", -1)), logs["reward"])
+        elif "loss" not in logs or self._generation is None:
+            return  # not a training step's log (e.g. the run's summary)
+        # A step that generated nothing trains on the rows of the latest generation: its iteration and reward.
+        iteration, reward = self._generation
         entry: dict[str, Any] = {
             "step": state.global_step,
             "iteration": iteration,
             "stage": self.dataset.stage_of(iteration),
-            "reward": logs["reward"],
+            "reward": reward,
         }
         batching = []
         for kind in _PASSES:

@@ -195,3 +195,18 @@ def test_a_run_with_packed_passes_reports_them(
     lines = [ln for ln in out.splitlines() if ln.startswith("step ")]
     assert len(lines) == 2
     assert all("micro-batches " in ln and " padding " in ln and "  ref " in ln for ln in lines), lines
+
+
+def test_a_step_that_generated_nothing_reports_the_latest_generation(capsys: pytest.CaptureFixture[str]) -> None:
+    # steps_per_generation = 2: the second step trains on the first step's generation and logs no reward.
+    reporter = StepReporter(Stages())  # type: ignore[arg-type]
+    reporter.on_log(
+        None, SimpleNamespace(global_step=1), None, logs={"loss": 0.1, "reward": 0.5, "proctor/iteration": 12.0}
+    )
+    reporter.on_log(None, SimpleNamespace(global_step=2), None, logs={"loss": 0.2})
+    reporter.on_log(None, SimpleNamespace(global_step=2), None, logs={"train_loss": 0.15})  # the run's summary
+    assert reporter.steps == [
+        {"step": 1, "iteration": 12, "stage": "main", "reward": 0.5},
+        {"step": 2, "iteration": 12, "stage": "main", "reward": 0.5},
+    ]
+    assert len(capsys.readouterr().out.splitlines()) == 2
