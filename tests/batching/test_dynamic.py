@@ -548,7 +548,9 @@ def test_baselines_place_every_row_once_with_equal_counts(dp: int) -> None:
         bench.score(row, lengths, plan)  # raises if a row is lost, duplicated or padded too narrow
 
         assert len(plan) == dp
-        assert row.equal_counts, name
+        # TRL's batcher feeds an endless stream, so the ranks its last micro-batch leaves empty would take the next
+        # step's rows; cut at the end of one batch, their counts can differ.
+        assert row.equal_counts or name == "TRL token budget", name
         if name in ("proctor", "ROLL shared", "FFD+split+KK", "fixed-count (TRL)"):
             assert row.cap_violations == 0, name
 
