@@ -7,22 +7,23 @@ old-policy and reference passes through ``_get_per_token_logps_and_entropies``; 
 
 - ``_generate_single_turn`` runs generation in chunks of ``rollout_micro_batch_size`` rows;
 - ``_get_per_token_logps_and_entropies`` runs the old-policy and reference log-prob passes in chunks of their
-  own sizes, or packed by token budget (``use_dynamic_batching_in_infer``), and the training pass packed by
-  token budget (``use_dynamic_batching_in_train``).
+  own sizes, or packed by token budget (``use_dynamic_batching_in_infer``);
+- ``compute_loss`` runs the training pass forward and backward per token-budget micro-batch
+  (``use_dynamic_batching_in_train``), balanced across processes, each micro-batch's loss scaled by its share;
+- ``_save_checkpoint`` / ``_load_rng_state`` keep a generation's rows across a checkpoint taken in its middle.
 
-All sizes count rows, i.e. (prompt, completion) pairs, like ``per_device_train_batch_size``. TRL already
-aggregates ``steps_per_generation`` micro-batches into one local generation batch of
-``per_device_train_batch_size × steps_per_generation`` rows; that is the LCM aggregator's buffer
-(``proctor.batching.aggregator``), so the local generation batch must be a multiple of
-``service_target_bs = lcm(rollout, ref, old)`` for every stage to cut it into whole chunks. Left unset,
-``steps_per_generation`` is derived to make it so.
+All sizes count rows, i.e. (prompt, completion) pairs, like ``per_device_train_batch_size``. TRL gathers
+``steps_per_generation`` micro-steps into one local generation batch of ``per_device_train_batch_size ×
+steps_per_generation`` rows, which must be a multiple of the service batch ``lcm(rollout, ref, old)`` for every
+pass to cut it into whole chunks; left unset, ``steps_per_generation`` is derived to make it so
+(:func:`proctor.batching.vocabulary.derive_generation_sizes`).
 
-Packed passes lay each row's real tokens out contiguously (left-padded to the micro-batch's width, a multiple of
-``sequence_length_round``), so every micro-batch is a ``rows × width`` rectangle within the token budget, and
-scatter the per-token results back into the ``(batch, completion_length)`` layout TRL expects. Results equal
-stock TRL's within floating-point noise (RoPE is shift-invariant; measured ≤ 1e-5 in fp32).
+Packed micro-batches run padding-free (rows back to back, position ids restarting) where the model's attention
+keeps packed sequences apart (:mod:`proctor.client.packing`), and otherwise as ``rows × width`` rectangles, each
+row's real tokens right-aligned; either way within the token budget, the per-token results scattered back into
+the ``(batch, completion_length)`` layout TRL expects. Results equal stock TRL's within floating-point noise
+(RoPE is shift-invariant; measured ≤ 1e-5 in fp32).
 """
-
 from __future__ import annotations
 
 import contextlib
