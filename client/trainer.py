@@ -24,6 +24,7 @@ row's real tokens right-aligned; either way within the token budget, the per-tok
 the ``(batch, completion_length)`` layout TRL expects. Results equal stock TRL's within floating-point noise
 (RoPE is shift-invariant; measured ≤ 1e-5 in fp32).
 """
+
 from __future__ import annotations
 
 import contextlib
