@@ -154,25 +154,22 @@ class ProctorGRPOConfig(GRPOConfig):
                 f"micro-batches (it knows {', '.join(sorted(_PER_MICRO_LOSS_TYPES))}): pick one of those, or turn "
                 "dynamic batching in training off"
             )
-        refused = {
-            "top_entropy_quantile < 1": self.top_entropy_quantile < 1.0,
-            "an entropy bonus (entropy_coef or use_adaptive_entropy)": self.entropy_coef != 0.0
-            or self.use_adaptive_entropy,
-            "bnpo with balance_ranks_by_tokens on several processes": self.loss_type == "bnpo"
-            and self.balance_ranks_by_tokens
-            and self.world_size > 1,
-        }
-        for what, present in refused.items():
-            if present:
-                hint = (
-                    "bnpo normalises by each process's own token count, so a row cannot move to another process "
-                    "without changing the gradient: set balance_ranks_by_tokens=False, or use loss_type='dapo' "
-                    "(normalised by the global token count)"
-                    if what.startswith("bnpo")
-                    else "it needs the whole micro-step's entropies before any backward: turn it off, or set "
-                    "use_dynamic_batching_in_train=False"
-                )
-                raise ValueError(f"use_dynamic_batching_in_train does not support {what}: {hint}")
+        whole_step = "it needs the whole micro-step's entropies before any backward: turn it off, or set "
+        whole_step += "use_dynamic_batching_in_train=False"
+        if self.top_entropy_quantile < 1.0:
+            raise ValueError(f"use_dynamic_batching_in_train does not support top_entropy_quantile < 1: {whole_step}")
+        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+            raise ValueError(
+                "use_dynamic_batching_in_train does not support an entropy bonus (entropy_coef or "
+                f"use_adaptive_entropy): {whole_step}"
+            )
+        if self.loss_type == "bnpo" and self.balance_ranks_by_tokens and self.world_size > 1:
+            raise ValueError(
+                "use_dynamic_batching_in_train does not support bnpo with balance_ranks_by_tokens on several "
+                "processes: bnpo normalises by each process's own token count, so a row cannot move to another "
+                "process without changing the gradient: set balance_ranks_by_tokens=False, or use "
+                "loss_type='dapo' (normalised by the global token count)"
+            )
 
     @property
     def batch_sizes(self) -> GenerationSizes:
@@ -397,9 +394,8 @@ class ProctorGRPOTrainer(GRPOTrainer):
         results scattered back to stock TRL's ``(batch, logits_to_keep)`` layout."""
         assert budget is not None  # ProctorGRPOConfig refuses dynamic batching without a budget
         layout = _Layout.of(attention_mask, logits_to_keep)
-        plan = plan_dynamic_batches(
-            layout.lengths.tolist(), max_tokens_per_microbatch=budget, sequence_length_round=round_to
-        )
+        lengths = layout.lengths.tolist()  # one copy to the host, for the plan and the metrics
+        plan = plan_dynamic_batches(lengths, max_tokens_per_microbatch=budget, sequence_length_round=round_to)
         device = input_ids.device
         placed: list[torch.Tensor] = []
         logp_parts: list[torch.Tensor] = []
@@ -413,7 +409,7 @@ class ProctorGRPOTrainer(GRPOTrainer):
             logp_parts.append(logps)
             if entropies is not None:
                 entropy_parts.append(entropies)
-        self._log_plan(kind, [micro.indices for micro in plan.ranks[0]], layout.lengths, round_to, model)
+        self._log_plan(kind, [micro.indices for micro in plan.ranks[0]], lengths, round_to, model)
         shape = (input_ids.size(0), logits_to_keep)
         order = (torch.cat(placed),)
         logps = _scatter(shape, order, logp_parts)
@@ -491,10 +487,10 @@ class ProctorGRPOTrainer(GRPOTrainer):
         return self._packs_sequences[key]
 
     def _log_plan(
-        self, kind: str, micros: Sequence[Sequence[int]], lengths: torch.Tensor, round_to: int, model: Any
+        self, kind: str, micros: Sequence[Sequence[int]], lengths: Sequence[int], round_to: int, model: Any
     ) -> None:
         """Micro-batches and padding ratio (computed ÷ real tokens) of one pass, into the step's metrics."""
-        sizes = [[int(lengths[i]) for i in micro] for micro in micros]
+        sizes = [[lengths[i] for i in micro] for micro in micros]
         real = sum(map(sum, sizes))
         if self._padding_free(model):
             computed = sum(max(_round_up(sum(s), round_to), 2) for s in sizes)
@@ -547,7 +543,7 @@ class ProctorGRPOTrainer(GRPOTrainer):
         micros = [micro.indices for micro in plan.ranks[self.accelerator.process_index if balance else 0]]
         if world > 1 and not balance:
             micros = self._same_count_on_every_process(micros)
-        self._log_plan("train", micros, layout.lengths, round_to, model)
+        self._log_plan("train", micros, lengths, round_to, model)
         if balance:
             # The heaviest process sets the step's pace: its computed tokens with and without the rebalancing.
             own = [
@@ -675,7 +671,9 @@ def _loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
     return mask if inputs.get("tool_mask") is None else mask * inputs["tool_mask"]
 
 
-def _share(loss_type: str, part: dict[str, Any], part_rows: int, rows: int, tokens: torch.Tensor) -> float:
+def _share(
+    loss_type: str, part: dict[str, Any], part_rows: int, rows: int, tokens: torch.Tensor
+) -> float | torch.Tensor:
     """The factor that turns TRL's loss of ``part`` (its rows alone) into their term of the micro-step's loss.
 
     Row-mean losses divide by the micro-step's rows (``grpo``, ``sapo``, ``luspo``; ``dr_grpo`` by rows × the
@@ -685,7 +683,7 @@ def _share(loss_type: str, part: dict[str, Any], part_rows: int, rows: int, toke
     if loss_type in _ROW_MEAN_LOSSES:
         return part_rows / rows
     if loss_type in _TOKEN_MEAN_LOSSES:
-        return float(_loss_mask(part).sum().clamp(min=1) / tokens.clamp(min=1))
+        return _loss_mask(part).sum().clamp(min=1) / tokens.clamp(min=1)  # a tensor: no wait for the device
     if loss_type in _GLOBAL_NORMALISED_LOSSES:
         return 1.0
     raise ValueError(f"loss_type {loss_type!r} has no per-micro-batch scaling")  # the config refuses it first
