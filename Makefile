@@ -1,37 +1,64 @@
-# Everything a new machine needs is in these targets: `make serve`, `make test`, `make bench`.
+# Everything a new machine needs is in these targets: `make serve`, `make test`, `make train`, `make demo`,
+# `make bench`. ARGS passes options on: `make serve ARGS=--fresh`, `make train ARGS='--max-steps 8'`.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# setuptools announces its import finder ("Editable installation…") on every editable install of a project whose
+# packages map onto other folders, as proctor.* does; it says nothing about this project.
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip
+# The Debian packages the tests drive: curl (the README's examples, run verbatim), docker-compose (a real compose
+# implementation checks docker/compose.yaml) and chromium (the live page, headless). Each command is its package.
+SYSTEM_PACKAGES := curl docker-compose chromium
 
-.PHONY: serve test demo lint typecheck format bench clean
+.PHONY: serve test train demo system-packages lint typecheck format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(PIP) install -q --upgrade pip
 
 # The stamps re-run an install whenever pyproject.toml changes.
 $(VENV)/.server-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[server]'
+	$(PIP) install -q -e '.[server]'
 	touch $@
 
 # torch first, pinned to the CPU wheel this machine has on disk: anything that pulls torch in later
 # (transformers, trl) then finds it satisfied instead of downloading a CUDA build.
-$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q 'torch==2.13.0'
-	$(BIN)/pip install -q -e '.[server,train,dev]'
+$(VENV)/.train-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q 'torch==2.13.0'
+	$(PIP) install -q -e '.[server,train]'
 	touch $(VENV)/.server-installed $@
 
-serve: $(VENV)/.server-installed
-	$(BIN)/proctor serve curricula/arithmetic.yaml --host 127.0.0.1 --port 8000
+$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q 'torch==2.13.0'
+	$(PIP) install -q -e '.[server,train,dev]'
+	touch $(VENV)/.server-installed $(VENV)/.train-installed $@
 
-test: $(VENV)/.dev-installed lint typecheck
+serve: $(VENV)/.server-installed
+	$(BIN)/proctor serve $(ARGS)
+
+# GRPO with TRL against the dataserver at $PROCTOR_URL (default http://127.0.0.1:8000).
+train: $(VENV)/.train-installed
+	$(BIN)/proctor train $(ARGS)
+
+# Installs the missing ones as root through apt-get; anyone else is told, in one line, what to run.
+system-packages:
+	@missing=(); for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || missing+=($$p); done; \
+	if [ $${#missing[@]} -eq 0 ]; then exit 0; fi; \
+	if [ "$$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "make test: the tests need $${missing[*]}: run  sudo apt-get install -y $${missing[*]}" >&2; exit 1; \
+	fi; \
+	echo "installing the Debian packages the tests drive: $${missing[*]}"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$${missing[@]}" >/dev/null
+
+test: system-packages $(VENV)/.dev-installed lint typecheck
 	$(BIN)/python -m pytest
 
 # A dataserver on curricula/arithmetic.yaml and GRPO on a tiny offline model across its first stage boundary.
-demo: $(VENV)/.dev-installed
-	$(BIN)/proctor demo --steps 64
+demo: $(VENV)/.train-installed
+	$(BIN)/proctor demo $(ARGS)
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check server client curricula cli batching dock tests bench

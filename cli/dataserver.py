@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import socket
 from pathlib import Path
 
 from proctor.curricula import builtin_curricula, builtin_path
 from proctor.server.curriculum.engine import StageSchedule
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.curriculum.mixing import Mixer, stage_runs
+from proctor.server.exceptions import ProctorError
 from proctor.server.history import adopt_history, read_history
 from proctor.server.logs import configure_logging
 from proctor.server.settings import load_settings
@@ -37,6 +40,8 @@ def serve(args: argparse.Namespace) -> int:
         curriculum=curriculum_path(args.curriculum),
         host=args.host,
         port=args.port,
+        run=args.run_name,
+        state_dir=args.state_dir,
         state=args.state,
         seed=args.seed,
         transitions=args.transitions,
@@ -47,10 +52,13 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format)
     curriculum = load_curriculum(settings.curriculum, seed=settings.seed)
     history = None if settings.transitions is None else read_history(settings.transitions, curriculum)
-    if settings.state != ":memory:":
+    state = settings.state_path(curriculum.name, curriculum.hash)
+    if args.fresh:
+        _remove_state(state, settings.host, settings.port)
+    if state != ":memory:":
         # Refuse a state file of another curriculum here, with a plain message, rather than as a traceback
         # from inside the server's start-up.
-        store = Store(settings.state, synchronous=settings.state_sync)
+        store = Store(state, synchronous=settings.state_sync)
         try:
             store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed)
             if history is not None:
@@ -73,6 +81,27 @@ def serve(args: argparse.Namespace) -> int:
         **uvicorn_options(settings),
     )
     return 0
+
+
+def _remove_state(path: str, host: str, port: int) -> None:
+    """``--fresh``: remove the run's state file (with its WAL), refusing while the port is taken: a server still
+    running there may be this run's, and it would go on writing into the removed file."""
+    files = [Path(path + suffix) for suffix in ("", "-wal", "-shm")]
+    if path == ":memory:" or not any(f.exists() for f in files):
+        return
+    if port:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                raise ProctorError(
+                    f"--fresh: {host}:{port} is in use, perhaps by this run's own server; stop it, then start "
+                    "again with --fresh"
+                ) from None
+    for f in files:
+        f.unlink(missing_ok=True)
+    logging.getLogger("proctor").info("--fresh: removed the run's state file %s", path)
 
 
 def validate(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ Needs the ``train`` extra (torch, transformers, TRL); ``proctor.cli.main`` impor
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,10 +22,15 @@ def demo(steps: int = 64) -> int:
     with tempfile.TemporaryDirectory(prefix="proctor-demo-") as tmp:
         log = Path(tmp) / "server.log"
         with ServerProcess([str(builtin_path("arithmetic")), "--state", ":memory:"], log=log) as server:
-            print(f"dataserver on {server.url} (log: {log})", flush=True)
+            print(f"dataserver on {server.url}, serving the arithmetic ladder", flush=True)
             args = build_parser().parse_args(
                 ["--server", server.url, "--max-steps", str(steps), "--output-dir", str(Path(tmp) / "run")]
             )
-            summary = train(args)
+            try:
+                summary = train(args)
+            except (Exception, SystemExit):
+                # The server's log goes with the temporary folder: show its end while it is still there.
+                print(f"the dataserver's last lines:\n{server.stop()[-2000:]}", file=sys.stderr)
+                raise
     crossed = any(t["iteration"] <= steps for t in summary["transitions"])
     return 0 if crossed else 1

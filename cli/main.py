@@ -16,13 +16,24 @@ from pathlib import Path
 from proctor.cli.dataserver import preview, serve, validate
 from proctor.server.exceptions import ProctorError
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from proctor.cli.demo import demo
-
+    try:
+        from proctor.cli.demo import demo
+    except ImportError as exc:
+        return _needs_train_extra("demo", exc)
     return demo(steps=args.steps)
+
+
+def _needs_train_extra(command: str, exc: ImportError) -> int:
+    print(
+        f"proctor {command}: error: needs the train extra (torch, transformers, TRL), and {exc.name or exc} is not "
+        "installed: run `make train` (or `make demo`) from a checkout, or `pip install 'proctor[train]'`",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _grade_worker(args: argparse.Namespace) -> int:
@@ -37,33 +48,68 @@ def _export(args: argparse.Namespace) -> int:
     return export(args)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The `proctor` command line, every subcommand but `train` (which parses its own options)."""
     parser = argparse.ArgumentParser(prog="proctor", description="Curriculum dataserver for RL post-training.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve_p = sub.add_parser("serve", help="serve a curriculum over HTTP")
-    serve_p.add_argument("curriculum", nargs="?", help="curriculum YAML (default: the shipped arithmetic ladder)")
+    serve_p.add_argument(
+        "curriculum",
+        nargs="?",
+        help="a curriculum YAML file, or a shipped one's name (default: arithmetic, env PROCTOR_CURRICULUM)",
+    )
     serve_p.add_argument("--host", help="bind address (default 127.0.0.1, env PROCTOR_HOST)")
     serve_p.add_argument("--port", type=int, help="port (default 8000, env PROCTOR_PORT)")
-    serve_p.add_argument("--state", help="SQLite state file, or :memory: (default proctor-state.db, env PROCTOR_STATE)")
-    serve_p.add_argument("--seed", type=int, help="override the curriculum's seed (env PROCTOR_SEED)")
+    serve_p.add_argument(
+        "--run",
+        dest="run_name",
+        metavar="NAME",
+        help="the run's name, which names its state file (default: the curriculum's name and hash, env PROCTOR_RUN)",
+    )
+    serve_p.add_argument(
+        "--fresh", action="store_true", help="start the run over: remove its state file first (default: resume it)"
+    )
+    serve_p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="where each run keeps its state, as RUN.db (default .proctor/runs, env PROCTOR_STATE_DIR)",
+    )
+    serve_p.add_argument(
+        "--state",
+        help="the state file itself in place of STATE_DIR/RUN.db, or :memory: for a throwaway run (env PROCTOR_STATE)",
+    )
+    serve_p.add_argument(
+        "--seed", type=int, help="override the curriculum's seed (default: the file's, env PROCTOR_SEED)"
+    )
     serve_p.add_argument(
         "--transitions",
         type=Path,
         help="another run's GET /curriculum answer: serve its iterations exactly as it did (env PROCTOR_TRANSITIONS)",
     )
-    serve_p.add_argument("--grader-workers", type=int, help="grader processes (default: one per core)")
-    serve_p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    serve_p.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON")
+    serve_p.add_argument(
+        "--grader-workers",
+        type=int,
+        help="grader processes; 0 leaves grading to proctor grade-workers (default: one per core, "
+        "env PROCTOR_GRADER_WORKERS)",
+    )
+    serve_p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="(default info, env PROCTOR_LOG_LEVEL)"
+    )
+    serve_p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="log lines as text or JSON (default text, env PROCTOR_LOG_FORMAT)",
+    )
     serve_p.set_defaults(run=serve)
 
     validate_p = sub.add_parser("validate", help="check a curriculum file and its data")
-    validate_p.add_argument("curriculum")
+    validate_p.add_argument("curriculum", help="a curriculum YAML file, or a shipped one's name")
     validate_p.set_defaults(run=validate)
 
     preview_p = sub.add_parser("preview", help="show the stage of each step and a sample prompt of each stage")
-    preview_p.add_argument("curriculum")
-    preview_p.add_argument("--steps", default=":", help="START:STOP (default: the whole curriculum)")
+    preview_p.add_argument("curriculum", help="a curriculum YAML file, or a shipped one's name")
+    preview_p.add_argument("--steps", default=":", help="START:STOP, STOP excluded (default: the whole curriculum)")
     preview_p.add_argument(
         "--batch-size", type=int, default=8, help="prompts per step, for the sample prompts and --simulate (default 8)"
     )
@@ -89,13 +135,19 @@ def _parser() -> argparse.ArgumentParser:
     worker_p.add_argument(
         "--lease-s", type=float, default=30.0, help="lease on claimed rows, renewed while grading (default 30)"
     )
-    worker_p.add_argument("--exit-when-idle-s", type=float, help="stop after this long without a row to grade")
-    worker_p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    worker_p.add_argument(
+        "--exit-when-idle-s", type=float, help="stop after this long without a row to grade (default: never)"
+    )
+    worker_p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="(default info)"
+    )
     worker_p.set_defaults(run=_grade_worker)
 
     export_p = sub.add_parser("export", help="write a dataserver's kept rollouts to parquet or JSON lines")
     export_p.add_argument("out", type=Path, help="the file to write")
-    export_p.add_argument("--server", default="http://127.0.0.1:8000", help="the dataserver's URL")
+    export_p.add_argument(
+        "--server", default="http://127.0.0.1:8000", help="the dataserver's URL (default http://127.0.0.1:8000)"
+    )
     export_p.add_argument("--iterations", default=":", help="START:STOP, STOP excluded (default: every table kept)")
     export_p.add_argument("--format", choices=["parquet", "jsonl"], help="default: from OUT's suffix")
     export_p.add_argument("--api-key", help="the server's API key (default: env PROCTOR_API_KEY)")
@@ -105,7 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     # parses its own options (main() hands them over before this parser sees them).
     sub.add_parser("train", help="GRPO with TRL against a running dataserver (see `proctor train --help`)")
     demo_p = sub.add_parser("demo", help="serve the arithmetic ladder and train a tiny model across a stage boundary")
-    demo_p.add_argument("--steps", type=int, default=64)
+    demo_p.add_argument(
+        "--steps", type=int, default=64, help="optimizer steps, one curriculum iteration each (default 64)"
+    )
     demo_p.set_defaults(run=_demo)
     return parser
 
@@ -113,10 +167,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
-        from proctor.client.train import main as train_main
-
+        try:
+            from proctor.client.train import main as train_main
+        except ImportError as exc:
+            return _needs_train_extra("train", exc)
         return train_main(argv[1:])
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         code: int = args.run(args)
     # Every configuration or data error the server raises at start-up (a bad curriculum, setting, state

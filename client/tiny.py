@@ -6,6 +6,7 @@ Qwen2 is saved next to it. Real runs pass any Hugging Face model path instead.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,10 @@ def build_tiny_model(
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=400,
+        special_tokens=_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
@@ -93,11 +97,16 @@ def run_defaults(output_dir: str | Path, *, gpu: bool = False, seed: int = 0) ->
     """``GRPOConfig`` fields for a quiet local run: the precision the device supports, no checkpoints, no
     reporters, a log line per step. TRL's own defaults (bf16, gradient checkpointing, logging every 10
     steps) suit a GPU cluster and fail or crawl on a CPU."""
+    from transformers import TrainingArguments
+
+    # transformers 5.23 renamed gradient checkpointing, and warns on every run that sets the old name.
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     return {
         "output_dir": str(output_dir),
         "use_cpu": not gpu,
         "bf16": gpu,
-        "gradient_checkpointing": False,
+        checkpointing: False,
         "dataloader_pin_memory": gpu,
         "report_to": "none",
         "logging_steps": 1,

@@ -23,12 +23,22 @@ import torch
 from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 
 from proctor.client.dataset import RemoteRLDataset
+from proctor.client.errors import (
+    Conflict,
+    DataserverError,
+    NotReadyError,
+    RequestRejected,
+    ServerFailure,
+    TransportError,
+    Unauthorized,
+)
 from proctor.client.http import ProctorClient
 from proctor.client.rewards import remote_reward
 from proctor.client.tiny import build_tiny_model, run_defaults
 from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+from proctor.server.protocol import Meta
 
-__all__ = ["StepReporter", "build_parser", "config_from_args", "main", "train"]
+__all__ = ["StepReporter", "build_parser", "config_from_args", "main", "quiet_libraries", "refusal", "train"]
 
 TINY = "tiny"
 
@@ -50,18 +60,48 @@ def positive(unit: str) -> Callable[[str], int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="proctor train", description="GRPO (TRL) against a proctor dataserver.")
-    p.add_argument("--server", default=os.environ.get("PROCTOR_URL", "http://127.0.0.1:8000"), help="dataserver URL")
-    p.add_argument("--api-key", default=os.environ.get("PROCTOR_API_KEY"), help="the server's PROCTOR_API_KEY")
-    p.add_argument("--model", default=TINY, help="a Hugging Face model path or id; 'tiny' builds one offline")
-    p.add_argument("--tiny-dir", default=".proctor/tiny-model", help="where the tiny model is built")
-    p.add_argument("--output-dir", default="runs/proctor-grpo")
+    server = os.environ.get("PROCTOR_URL", "http://127.0.0.1:8000")
+    p.add_argument("--server", default=server, help=f"the dataserver's URL (default {server}, env PROCTOR_URL)")
     p.add_argument(
-        "--per-device-train-batch-size", type=positive("rows"), default=8, help="completions per device and micro-step"
+        "--api-key",
+        default=os.environ.get("PROCTOR_API_KEY"),
+        help="the server's API key (default: env PROCTOR_API_KEY)",
     )
     p.add_argument(
-        "--num-generations", type=positive("completions per prompt"), default=4, help="completions per prompt (G)"
+        "--connect-timeout-s",
+        type=float,
+        default=60.0,
+        help="how long to wait for the dataserver to answer at start (default 60)",
     )
-    p.add_argument("--gradient-accumulation-steps", type=positive("micro-steps per optimizer step"), default=1)
+    p.add_argument(
+        "--model", default=TINY, help="a Hugging Face model path or id; 'tiny' builds one offline (default tiny)"
+    )
+    p.add_argument(
+        "--tiny-dir", default=".proctor/tiny-model", help="where the tiny model is built (default .proctor/tiny-model)"
+    )
+    p.add_argument(
+        "--output-dir",
+        default=".proctor/train",
+        help="where the trainer writes (the model with --save) (default .proctor/train)",
+    )
+    p.add_argument(
+        "--per-device-train-batch-size",
+        type=positive("rows"),
+        default=8,
+        help="completions per device and micro-step (default 8)",
+    )
+    p.add_argument(
+        "--num-generations",
+        type=positive("completions per prompt"),
+        default=4,
+        help="completions per prompt, G (default 4)",
+    )
+    p.add_argument(
+        "--gradient-accumulation-steps",
+        type=positive("micro-steps per optimizer step"),
+        default=1,
+        help="micro-steps per optimizer step (default 1)",
+    )
     p.add_argument(
         "--steps-per-generation",
         type=positive("micro-steps per generation"),
@@ -75,14 +115,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="optimizer steps (default: the whole curriculum)",
     )
     p.add_argument(
-        "--max-completion-length", type=positive("tokens"), default=32, help="tokens per completion, at most"
+        "--max-completion-length",
+        type=positive("tokens"),
+        default=32,
+        help="tokens per completion, at most (default 32)",
     )
-    p.add_argument("--learning-rate", type=float, default=None, help="default 1e-4 for tiny, 1e-6 otherwise")
-    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds a reference log-prob pass)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--on-error", choices=["skip", "server"], default="skip", help="reward of a failed grading")
-    p.add_argument("--save", action="store_true", help="save the trained model to --output-dir")
+    p.add_argument(
+        "--learning-rate", type=float, default=None, help="(default 1e-4 for the tiny model, 1e-6 for any other)"
+    )
+    p.add_argument(
+        "--beta", type=float, default=0.0, help="KL coefficient; > 0 adds a reference log-prob pass (default 0.0)"
+    )
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of generation (default 1.0)")
+    p.add_argument("--seed", type=int, default=0, help="the trainer's random seed (default 0)")
+    p.add_argument(
+        "--on-error",
+        choices=["skip", "server"],
+        default="skip",
+        help="a completion whose grading failed: skip it, or take the source's on_error reward (default skip)",
+    )
+    p.add_argument("--save", action="store_true", help="save the trained model to --output-dir (default: not saved)")
     p.add_argument(
         "--bf16",
         action="store_true",
@@ -121,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TOKENS",
         type=positive("tokens per micro-batch"),
         default=None,
-        help="pack the reference and old-policy log-prob passes by this token budget instead of by rows",
+        help="pack the reference and old-policy log-prob passes by this token budget instead of by rows "
+        "(default: by rows)",
     )
     batching.add_argument(
         "--sequence-length-round-in-infer",
@@ -135,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TOKENS",
         type=positive("tokens per micro-batch"),
         default=None,
-        help="run the training forward+backward per micro-batch packed to this token budget",
+        help="run the training forward+backward per micro-batch packed to this token budget "
+        "(default: one pass per micro-step)",
     )
     batching.add_argument(
         "--sequence-length-round-in-train",
@@ -156,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="balance_ranks",
         action="store_false",
         help="with --max-tokens-per-microbatch-in-train on several processes, keep each process's own rows instead "
-        "of redistributing a micro-step's rows across processes by token count",
+        "of redistributing a micro-step's rows across processes by token count (default: redistributed)",
     )
     return p
 
@@ -200,9 +254,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Run GRPO as ``args`` say; returns a summary (steps, rewards per step, curriculum transitions).
 
     A configuration the trainer refuses exits as argparse does (``proctor train: error: ...``, status 2), before
-    the server is contacted.
+    the server is contacted; so does a dataserver that refuses a request or does not answer, with what to do.
     """
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    quiet_libraries()
     gpu = torch.cuda.is_available()
     try:
         config = config_from_args(args, gpu=gpu)
@@ -213,8 +267,22 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if tiny:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     client = ProctorClient(args.server, api_key=args.api_key)
-    client.wait_ready()
-    meta = client.meta()
+    meta: Meta | None = None
+    try:
+        client.wait_ready(args.connect_timeout_s)
+        meta = client.meta()
+        return _run(args, config, model, client, meta)
+    except DataserverError as exc:
+        # One line, as argparse words its errors, without the usage: the command line was fine.
+        message = refusal(exc, server=args.server, run=None if meta is None else meta.run)
+        build_parser().exit(2, f"proctor train: error: {message}\n")
+    finally:
+        client.close()
+
+
+def _run(
+    args: argparse.Namespace, config: ProctorGRPOConfig, model: str, client: ProctorClient, meta: Meta
+) -> dict[str, Any]:
     if args.max_steps is None:
         # One optimizer step per curriculum iteration (steps_per_generation = gradient accumulation by default).
         config.max_steps = meta.total_iterations
@@ -222,33 +290,34 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     dataset = RemoteRLDataset(client, config, processing_class=tokenizer)
     is_main = config.process_index == 0
     progress = StepReporter(dataset, is_main=is_main)
-    trainer = ProctorGRPOTrainer(
-        model=model,
-        reward_funcs=remote_reward(client, on_error=args.on_error, dataset=dataset),
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[progress],
-    )
-    # The reporter prints one line per step; transformers' own printer would add the whole logs dict.
-    trainer.remove_callback(PrinterCallback)
-    if is_main:
-        print(
-            f"training {model} on {meta.curriculum!r} ({meta.total_iterations} iterations, "
-            f"{dataset.layout.prompts_per_generation} prompts × {config.num_generations} completions per step) "
-            f"for {config.max_steps} steps",
-            flush=True,
+    try:
+        trainer = ProctorGRPOTrainer(
+            model=model,
+            reward_funcs=remote_reward(client, on_error=args.on_error, dataset=dataset),
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[progress],
         )
-        print(f"  batch sizes: {config.batch_sizes.describe()}", flush=True)
-        packed = _packing_text(config)
-        if packed:
-            print(f"  packed by token budget: {packed}", flush=True)
-    trainer.train()
-    dataset.close()
+        # The reporter prints one line per step; transformers' own printer would add the whole logs dict.
+        trainer.remove_callback(PrinterCallback)
+        if is_main:
+            print(
+                f"training {model} on {meta.curriculum!r} ({meta.total_iterations} iterations, "
+                f"{dataset.layout.prompts_per_generation} prompts × {config.num_generations} completions per step) "
+                f"for {config.max_steps} steps",
+                flush=True,
+            )
+            print(f"  batch sizes: {config.batch_sizes.describe()}", flush=True)
+            packed = _packing_text(config)
+            if packed:
+                print(f"  packed by token budget: {packed}", flush=True)
+        trainer.train()
+    finally:
+        dataset.close()
     if args.save:
         trainer.save_model(args.output_dir)
     state = client.curriculum()
-    client.close()
     if is_main:
         print("curriculum transitions:")
         for t in state.transitions or []:
@@ -256,6 +325,50 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if not state.transitions:
             print("  none")
     return {"steps": progress.steps, "transitions": [t.model_dump() for t in state.transitions]}
+
+
+def refusal(exc: DataserverError, *, server: str, run: str | None) -> str:
+    """One line for a dataserver error that stopped training: what the server said, and what to do about it."""
+    said = " ".join(str(getattr(exc, "detail", exc)).split())
+    if isinstance(exc, Conflict):
+        which = "the dataserver's run" if run is None else f"the dataserver's run {run!r}"
+        return (
+            f"{which} holds what another client asked for, and this training asks otherwise ({said}); start the "
+            "run over with `proctor serve --fresh` (`make serve ARGS=--fresh`), or another run with "
+            "`proctor serve --run NAME`"
+        )
+    if isinstance(exc, Unauthorized):
+        return f"the dataserver at {server} wants its API key: pass --api-key KEY, or set PROCTOR_API_KEY ({said})"
+    if isinstance(exc, NotReadyError | TransportError):
+        return (
+            f"no dataserver answers at {server}: start one with `make serve` (or `proctor serve`), or pass --server URL"
+        )
+    if isinstance(exc, RequestRejected):
+        return f"the dataserver refused a request ({exc.status_code}): {said}"
+    if isinstance(exc, ServerFailure):
+        return f"the dataserver failed ({exc.status_code}: {said}); its log says why"
+    return said
+
+
+# Deprecations that TRL 1.16 triggers inside transformers 5 on every step: nothing a user of `proctor train` can
+# act on, and they would bury the step lines.
+_LIBRARY_NOISE = ("`is_gradient_checkpointing` is deprecated", "`gradient_checkpointing` is deprecated")
+
+
+def quiet_libraries() -> None:
+    """Keep the libraries' progress bars and deprecation notices out of the run's output: its lines are its steps."""
+    import warnings
+
+    from huggingface_hub.utils.tqdm import disable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    for message in _LIBRARY_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    # transformers read the hub's setting once, when imported: both are switched off.
+    disable_transformers_bars: Callable[[], None] = transformers_logging.disable_progress_bar
+    disable_transformers_bars()
+    disable_progress_bars()
 
 
 def _packing_text(config: ProctorGRPOConfig) -> str:

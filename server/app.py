@@ -46,20 +46,24 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
         # Everything allocated so far lives as long as the server: keep it out of the collector's full
         # passes, which otherwise walk it on every gen-2 collection and show up as latency spikes.
         gc.freeze()
+        state = server.ctx.storage.path
+        last = server.ctx.progress.last_iteration
         log.info(
-            "serving curriculum %r (hash %s, seed %d) from %s; state %s; %d grader processes",
+            "serving curriculum %r (hash %s, seed %d) from %s; run %r, state %s (%s); %d grader processes",
             cur.name,
             cur.hash,
             cur.seed,
             cur.path,
-            settings.state,
+            settings.run_name(cur.name, cur.hash),
+            state,
+            "new" if last is None else f"resumed after iteration {last}; --fresh starts the run over",
             settings.grader_workers,
         )
         try:
             yield {"dataserver": server}
         finally:
             await server.close()
-            log.info("stopped: grader processes ended, state %s closed", settings.state)
+            log.info("stopped: grader processes ended, state %s closed", state)
 
     locked = settings.api_key is not None
     app = FastAPI(

@@ -67,7 +67,7 @@ class Dataserver:
         experience: ExperienceStore | None = None
         try:
             progress = await _restore(curriculum, storage)
-            experience = await ExperienceStore.open(settings)
+            experience = await ExperienceStore.open(settings, storage.path)
             g = GRADER
             await experience.call(experience.dock.register, g.name, needs=g.needs, produces=g.produces)
             pool = GraderPool(settings.grader_workers) if settings.grader_workers > 0 else None

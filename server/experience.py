@@ -30,13 +30,14 @@ class ExperienceStore:
         self._thread = thread
 
     @classmethod
-    async def open(cls, settings: Settings) -> ExperienceStore:
+    async def open(cls, settings: Settings, path: str) -> ExperienceStore:
+        """The store's tables in the state file at ``path``."""
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proctor-dock")
         try:
             dock = await asyncio.get_running_loop().run_in_executor(
                 thread,
                 lambda: TransferDock(
-                    settings.state, keep_iterations=settings.dock_keep_iterations, synchronous=settings.state_sync
+                    path, keep_iterations=settings.dock_keep_iterations, synchronous=settings.state_sync
                 ),
             )
         except BaseException:

@@ -263,6 +263,7 @@ class Meta(_Wire):
     curriculum: str
     curriculum_hash: str
     seed: int
+    run: str = Field(description="The run whose state this server keeps (`proctor serve --run`).")
     sources: list[SourceInfo]
     max_batch_size: int
     max_grade_items: int = Field(description="Most items one /grade request may carry.")

@@ -32,7 +32,16 @@ class Settings(BaseSettings):
         default_factory=builtin_path,
         description="Curriculum YAML file; default: the shipped arithmetic ladder.",
     )
-    state: str = Field(default="proctor-state.db", description="SQLite state file, or :memory: for a throwaway run.")
+    run: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+        description="The run's name, which names its state file; default: the curriculum's name and hash.",
+    )
+    state_dir: Path = Field(default=Path(".proctor/runs"), description="Where each run keeps its state, as <run>.db.")
+    state: str | None = Field(
+        default=None,
+        description="The state file itself, in place of <state_dir>/<run>.db; :memory: for a throwaway run.",
+    )
     state_sync: Literal["normal", "full"] = Field(
         default="normal",
         description="SQLite synchronous mode: normal survives crashes, full also power loss.",
@@ -85,6 +94,16 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         default=1024, ge=1, description="Open connections (idle ones count) past which requests get a 503."
     )
+
+    def run_name(self, curriculum: str, curriculum_hash: str) -> str:
+        """The run's name: ``run``, or the curriculum's name and hash, so that an edited curriculum is a new run."""
+        return self.run or f"{curriculum}-{curriculum_hash}"
+
+    def state_path(self, curriculum: str, curriculum_hash: str) -> str:
+        """The run's state file: ``state`` when given, else ``<state_dir>/<run>.db``."""
+        if self.state is not None:
+            return self.state
+        return str(self.state_dir / f"{self.run_name(curriculum, curriculum_hash)}.db")
 
     @field_validator("curriculum")
     @classmethod

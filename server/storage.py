@@ -68,7 +68,6 @@ class AsyncStore:
     def __init__(self, store: Store, thread: ThreadPoolExecutor, settings: Settings) -> None:
         self._store = store
         self._thread = thread
-        self._state = settings.state
         self._inline = settings.state_sync != "full"
         self.failure: str | None = None
         self._checkpoints: asyncio.Task[None] | None = None
@@ -81,7 +80,8 @@ class AsyncStore:
         """Open (or create) the state file for ``curriculum``, adopting ``settings.transitions`` if given."""
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proctor-store")
         loop = asyncio.get_running_loop()
-        store = await loop.run_in_executor(thread, lambda: Store(settings.state, synchronous=settings.state_sync))
+        path = settings.state_path(curriculum.name, curriculum.hash)
+        store = await loop.run_in_executor(thread, lambda: Store(path, synchronous=settings.state_sync))
         try:
             await loop.run_in_executor(
                 thread,
@@ -99,6 +99,11 @@ class AsyncStore:
         wrapper = cls(store, thread, settings)
         wrapper._checkpoints = asyncio.create_task(wrapper._checkpoint_forever())
         return wrapper
+
+    @property
+    def path(self) -> str:
+        """The state file (or ``:memory:``)."""
+        return self._store.path
 
     async def close(self) -> None:
         if self._checkpoints is not None:
@@ -123,7 +128,7 @@ class AsyncStore:
     def fail(self, exc: BaseException) -> str:
         """Stop serving: the state file refused a write, so memory would run ahead of it. Returns the reason."""
         if self.failure is None:
-            self.failure = f"the state file {self._state} stopped accepting writes ({exc}); restart the server"
+            self.failure = f"the state file {self._store.path} stopped accepting writes ({exc}); restart the server"
             log.critical("%s", self.failure)
         return self.failure
 

@@ -20,6 +20,7 @@ def meta(curriculum: Curriculum, settings: Settings) -> wire.Meta:
         curriculum=c.name,
         curriculum_hash=c.hash,
         seed=c.seed,
+        run=settings.run_name(c.name, c.hash),
         sources=[
             wire.SourceInfo(
                 name=name, kind=src.kind, version=src.version, size=src.size, graders=list(c.graders[name].names)

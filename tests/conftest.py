@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,6 +24,27 @@ from proctor.cli.launcher import ServerProcess
 from proctor.server.app import create_app
 from proctor.server.connection import uvicorn_options
 from proctor.server.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """``proctor serve`` gives the root logger one handler on the stderr of the moment, which pytest closes when the
+    test ends: a later test's server would log into the closed stream."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def system_command(name: str) -> str:
+    """The path of a Debian package's command that a test drives (curl, docker-compose, chromium); a test without
+    it fails, saying how to get it (`make test` installs them)."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: `make test` installs it (as root), or run `apt-get install {name}`")
+    return path
+
 
 GRADERS_PY = """
 import os

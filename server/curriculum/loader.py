@@ -14,7 +14,7 @@ from proctor.server.curriculum.spec import (
     CurriculumError,
     CurriculumSpec,
     TargetDifficultySamplerSpec,
-    parse_spec,
+    read_spec,
 )
 from proctor.server.grading.registry import GraderResolutionError, SourceGraders, resolve_graders
 from proctor.server.sources.base import Source
@@ -68,28 +68,31 @@ def load_curriculum(path: str | Path, *, seed: int | None = None) -> Curriculum:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise CurriculumError([("", f"not valid YAML: {exc}")], file=shown) from None
-    spec = parse_spec(data, file=shown)
-    if seed is not None:
-        spec = spec.model_copy(update={"seed": seed})
+    parts = read_spec(data)
+    seed = parts.seed if seed is None else seed
     base_dir = path.resolve().parent
 
-    problems: list[tuple[str, str]] = []
+    problems = list(parts.problems)
     sources: dict[str, Source] = {}
     graders: dict[str, SourceGraders] = {}
-    for name, src_spec in spec.sources.items():
+    for name, src_spec in parts.sources.items():
         try:
-            sources[name] = build_source(name, src_spec, base_dir=base_dir, seed=spec.seed)
+            sources[name] = build_source(name, src_spec, base_dir=base_dir, seed=seed)
         except SourceDataError as exc:
             problems.append((f"sources.{name}.{exc.field}", str(exc)))
+        if parts.graders is None:
+            continue  # a custom grader did not parse: resolving against the rest would report it missing
         try:
             graders[name] = resolve_graders(
-                src_spec.graders, spec.graders, on_error=src_spec.on_error, base_dir=base_dir
+                src_spec.graders, parts.graders, on_error=src_spec.on_error, base_dir=base_dir
             )
         except GraderResolutionError as exc:
             problems.append((f"sources.{name}.graders[{exc.index}].{exc.field}", str(exc)))
-    if not problems:
+    spec = parts.spec
+    if spec is not None and not problems:
+        spec = spec.model_copy(update={"seed": seed})
         problems.extend(_difficulty_problems(spec, sources))
-    if problems:
+    if problems or spec is None:
         raise CurriculumError(problems, file=shown)
 
     stages = tuple(

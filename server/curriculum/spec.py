@@ -29,9 +29,11 @@ happen in :mod:`proctor.server.curriculum.loader`, which reports them the same w
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from proctor.server.exceptions import ProctorError
 
@@ -50,12 +52,16 @@ __all__ = [
     "SamplerSpec",
     "SkipZeroVarianceSamplerSpec",
     "SourceSpec",
+    "SpecParts",
     "StageSpec",
     "TargetDifficultySamplerSpec",
     "UniformSamplerSpec",
     "format_loc",
     "parse_spec",
+    "read_spec",
 ]
+
+T = TypeVar("T")
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _NAME = re.compile(NAME_PATTERN)
@@ -387,82 +393,100 @@ class CurriculumSpec(_Spec):
 
     @model_validator(mode="after")
     def _cross_references(self) -> CurriculumSpec:
-        problems: list[tuple[str, str]] = []
-        for name in self.sources:
-            if not _NAME.fullmatch(name):
-                problems.append((f"sources.{name}", f"source names must match {NAME_PATTERN}"))
-        for name in self.graders:
-            if not _NAME.fullmatch(name):
-                problems.append((f"graders.{name}", f"grader names must match {NAME_PATTERN}"))
-        seen_stage: set[str] = set()
-        prev_until = 0
-        last = len(self.stages) - 1
-        for i, stage in enumerate(self.stages):
-            where = f"stages[{i}]"
-            if stage.name in seen_stage:
-                problems.append((f"{where}.name", f"stage {stage.name!r} is defined twice"))
-            seen_stage.add(stage.name)
-            if stage.until_step <= prev_until:
-                problems.append((f"{where}.until_step", f"must be greater than the previous stage's ({prev_until})"))
-            prev_until = max(prev_until, stage.until_step)
-            used: set[str] = set()
-            for j, entry in enumerate(stage.mix):
-                if entry.source not in self.sources:
-                    known = ", ".join(sorted(self.sources))
-                    problems.append((f"{where}.mix[{j}].source", f"unknown source {entry.source!r} (known: {known})"))
-                if entry.source in used:
-                    problems.append((f"{where}.mix[{j}].source", f"{entry.source!r} is in this mix twice"))
-                used.add(entry.source)
-            if stage.replay > 0 and i == 0:
-                problems.append((f"{where}.replay", "the first stage has no earlier stage to replay"))
-            if stage.advance is not None and i == last:
-                problems.append((f"{where}.advance", "the last stage has no next stage to advance to"))
-            problems.extend(self._sampler_problems(i))
+        problems = _reference_problems(dict(self.sources), list(self.graders), list(self.stages))
         if problems:
             raise _Problems(problems)
         return self
 
-    def _sampler_problems(self, i: int) -> list[tuple[str, str]]:
-        """An adaptive sampler chooses among a finite set of records, and needs a difficulty for each."""
-        stage = self.stages[i]
-        sampler = stage.sampler
-        if isinstance(sampler, UniformSamplerSpec):
-            return []
-        where = f"stages[{i}].sampler"
-        # The stage serves its own mix and, with replay, every earlier stage's.
-        names = [m.source for st in (self.stages[: i + 1] if stage.replay > 0 else [stage]) for m in st.mix]
-        problems: list[tuple[str, str]] = []
-        for name in dict.fromkeys(names):
-            src = self.sources.get(name)
-            if src is None:
-                continue
-            if isinstance(src, ArithmeticSourceSpec) and src.size is None:
+
+def _reference_problems(
+    sources: Mapping[str, SourceSpec | None] | None, graders: Sequence[str], stages: Sequence[StageSpec | None]
+) -> list[tuple[str, str]]:
+    """What the parts of a curriculum say of each other: names, stage order, the sources a mix names, what each
+    sampler needs. A part that did not parse is ``None`` (``sources`` too, when the field itself is wrong), and
+    checks that need it are left out."""
+    problems: list[tuple[str, str]] = []
+    for name in sources or {}:
+        if not _NAME.fullmatch(name):
+            problems.append((f"sources.{name}", f"source names must match {NAME_PATTERN}"))
+    for name in graders:
+        if not _NAME.fullmatch(name):
+            problems.append((f"graders.{name}", f"grader names must match {NAME_PATTERN}"))
+    seen_stage: set[str] = set()
+    prev_until = 0
+    last = len(stages) - 1
+    for i, stage in enumerate(stages):
+        if stage is None:
+            continue
+        where = f"stages[{i}]"
+        if stage.name in seen_stage:
+            problems.append((f"{where}.name", f"stage {stage.name!r} is defined twice"))
+        seen_stage.add(stage.name)
+        if stage.until_step <= prev_until:
+            problems.append((f"{where}.until_step", f"must be greater than the previous stage's ({prev_until})"))
+        prev_until = max(prev_until, stage.until_step)
+        used: set[str] = set()
+        for j, entry in enumerate(stage.mix):
+            if sources is not None and entry.source not in sources:
+                known = ", ".join(sorted(sources))
+                problems.append((f"{where}.mix[{j}].source", f"unknown source {entry.source!r} (known: {known})"))
+            if entry.source in used:
+                problems.append((f"{where}.mix[{j}].source", f"{entry.source!r} is in this mix twice"))
+            used.add(entry.source)
+        if stage.replay > 0 and i == 0:
+            problems.append((f"{where}.replay", "the first stage has no earlier stage to replay"))
+        if stage.advance is not None and i == last:
+            problems.append((f"{where}.advance", "the last stage has no next stage to advance to"))
+        if sources is not None:
+            problems.extend(_sampler_problems(sources, stages, i))
+    return problems
+
+
+def _sampler_problems(
+    sources: Mapping[str, SourceSpec | None], stages: Sequence[StageSpec | None], i: int
+) -> list[tuple[str, str]]:
+    """An adaptive sampler chooses among a finite set of records, and needs a difficulty for each."""
+    stage = stages[i]
+    assert stage is not None
+    sampler = stage.sampler
+    if isinstance(sampler, UniformSamplerSpec):
+        return []
+    where = f"stages[{i}].sampler"
+    # The stage serves its own mix and, with replay, every earlier stage's.
+    served = [st for st in (stages[: i + 1] if stage.replay > 0 else [stage]) if st is not None]
+    names = [m.source for st in served for m in st.mix]
+    problems: list[tuple[str, str]] = []
+    for name in dict.fromkeys(names):
+        src = sources.get(name)
+        if src is None:
+            continue
+        if isinstance(src, ArithmeticSourceSpec) and src.size is None:
+            problems.append(
+                (
+                    where,
+                    f"{sampler.kind} chooses among a finite source's records, and sources.{name} is an endless "
+                    f"generator: give it `size: N` to serve records 0..N-1",
+                )
+            )
+        if isinstance(sampler, TargetDifficultySamplerSpec):
+            mode = sampler.params.difficulty
+            if mode == "record" and not (isinstance(src, FileSourceSpec) and src.difficulty_field is not None):
                 problems.append(
                     (
-                        where,
-                        f"{sampler.kind} chooses among a finite source's records, and sources.{name} is an endless "
-                        f"generator: give it `size: N` to serve records 0..N-1",
+                        f"{where}.params.difficulty",
+                        f"`record` reads each record's difficulty_field, and sources.{name} has none; give it "
+                        "`difficulty_field`, or use `difficulty: source` or `pass_rate`",
                     )
                 )
-            if isinstance(sampler, TargetDifficultySamplerSpec):
-                mode = sampler.params.difficulty
-                if mode == "record" and not (isinstance(src, FileSourceSpec) and src.difficulty_field is not None):
-                    problems.append(
-                        (
-                            f"{where}.params.difficulty",
-                            f"`record` reads each record's difficulty_field, and sources.{name} has none; give it "
-                            "`difficulty_field`, or use `difficulty: source` or `pass_rate`",
-                        )
+            if mode == "source" and isinstance(src, FileSourceSpec) and src.difficulty is None:
+                problems.append(
+                    (
+                        f"{where}.params.difficulty",
+                        f"`source` reads each source's difficulty, and sources.{name} has none: give it "
+                        "`difficulty: <number>`",
                     )
-                if mode == "source" and isinstance(src, FileSourceSpec) and src.difficulty is None:
-                    problems.append(
-                        (
-                            f"{where}.params.difficulty",
-                            f"`source` reads each source's difficulty, and sources.{name} has none: give it "
-                            "`difficulty: <number>`",
-                        )
-                    )
-        return problems
+                )
+    return problems
 
 
 class _Problems(ValueError):
@@ -473,19 +497,73 @@ class _Problems(ValueError):
         super().__init__("; ".join(f"{p}: {m}" for p, m in problems))
 
 
-def parse_spec(data: Any, *, file: str | None = None) -> CurriculumSpec:
-    """Validate parsed YAML; every problem is reported with its YAML path."""
+@dataclass(frozen=True, slots=True)
+class SpecParts:
+    """A curriculum file read part by part: the whole ``spec`` when nothing is wrong with it; else the parts that
+    parsed (for the checks that read data files and import graders) and every problem found."""
+
+    spec: CurriculumSpec | None
+    seed: int
+    sources: dict[str, SourceSpec]
+    graders: dict[str, CustomGraderSpec] | None  # None when one of them did not parse
+    problems: list[tuple[str, str]]
+
+
+def read_spec(data: Any) -> SpecParts:
+    """Validate parsed YAML, reporting every problem at once, each with its YAML path."""
     if not isinstance(data, dict):
-        raise CurriculumError([("", "the file must hold a mapping (name, sources, stages, …)")], file=file)
+        return SpecParts(None, 0, {}, None, [("", "the file must hold a mapping (name, sources, stages, …)")])
     try:
-        return CurriculumSpec.model_validate(data)
+        spec = CurriculumSpec.model_validate(data)
     except ValidationError as exc:
-        # A model_validator's ValueError arrives wrapped; recover the located problems it carried.
-        located: list[tuple[str, str]] = []
-        for err in exc.errors():
-            ctx_err = (err.get("ctx") or {}).get("error")
-            if isinstance(ctx_err, _Problems):
-                located.extend(ctx_err.problems)
-        if located:
-            raise CurriculumError(located, file=file) from None
-        raise CurriculumError.from_validation(exc, file=file) from None
+        # When every field parsed, the problems are those of the parts with each other, which a model validator
+        # raised together (it arrives wrapped).
+        located = [ctx for err in exc.errors() if isinstance(ctx := (err.get("ctx") or {}).get("error"), _Problems)]
+        problems = [p for err in located for p in err.problems] or CurriculumError.from_validation(exc).problems
+        return _parts(data, problems)
+    return SpecParts(spec, spec.seed, dict(spec.sources), dict(spec.graders), [])
+
+
+def _parts(data: dict[str, Any], problems: list[tuple[str, str]]) -> SpecParts:
+    """Parse each part on its own, for the checks that read data files and import graders; where some fields did
+    not parse, the checks across parts never ran: run them over the parts that did."""
+    raw_sources = data.get("sources")
+    known = isinstance(raw_sources, dict) and bool(raw_sources)
+    raw_sources = CurriculumSpec._infer_file_kind(raw_sources) if known else {}
+    sources = {str(name): _parsed(_SOURCE, raw) for name, raw in raw_sources.items()}
+    raw_graders = data.get("graders")
+    raw_graders = raw_graders if isinstance(raw_graders, dict) else {}
+    graders = {str(name): _parsed(_CUSTOM_GRADER, raw) for name, raw in raw_graders.items()}
+    raw_stages = data.get("stages")
+    stages = [_parsed(_STAGE, raw) for raw in raw_stages] if isinstance(raw_stages, list) else []
+    for problem in _reference_problems(sources if known else None, list(graders), stages):
+        if problem not in problems:
+            problems.append(problem)
+    seed = data.get("seed")
+    return SpecParts(
+        None,
+        seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,
+        {name: src for name, src in sources.items() if src is not None},
+        None if None in graders.values() else {name: g for name, g in graders.items() if g is not None},
+        problems,
+    )
+
+
+_SOURCE: TypeAdapter[SourceSpec] = TypeAdapter(SourceSpec)
+_CUSTOM_GRADER = TypeAdapter(CustomGraderSpec)
+_STAGE = TypeAdapter(StageSpec)
+
+
+def _parsed(adapter: TypeAdapter[T], raw: Any) -> T | None:
+    try:
+        return adapter.validate_python(raw)
+    except ValidationError:
+        return None
+
+
+def parse_spec(data: Any, *, file: str | None = None) -> CurriculumSpec:
+    """Validate parsed YAML; every problem is reported at once, each with its YAML path."""
+    parts = read_spec(data)
+    if parts.spec is None:
+        raise CurriculumError(parts.problems, file=file)
+    return parts.spec

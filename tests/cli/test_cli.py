@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,43 @@ def test_validate_names_the_yaml_path(tmp_path: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert f"proctor validate: invalid curriculum {bad}:" in err
     assert "stages[1].mix[0].source: unknown source 'gsm9k' (known: a)" in err
+
+
+def test_validate_reports_every_problem_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    doc = {
+        "name": "bad",
+        "sources": {
+            "words": {"path": "missing.jsonl", "graders": ["nope"]},
+            "add": {"kind": "arithmetic", "graders": ["numeric"], "ops": ["%"]},
+        },
+        "stages": [
+            {"name": "s0", "until_step": 10, "mix": [{"source": "words", "weight": -1}]},
+            {"name": "s1", "until_step": 20, "mix": [{"source": "gsm9k"}]},
+            {"name": "s1", "until_step": 15, "mix": [{"source": "add"}], "advance": {"threshold": 0.5}},
+        ],
+    }
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(bad)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"proctor validate: invalid curriculum {bad}:"
+    assert sorted(lines[1:]) == sorted(
+        [
+            # Fields that do not parse ...
+            "  sources.add.ops[0]: Input should be '+', '-' or '*'",
+            "  stages[0].mix[0].weight: Input should be greater than 0",
+            # ... the parts that do, against each other ...
+            "  stages[1].mix[0].source: unknown source 'gsm9k' (known: add, words)",
+            "  stages[2].name: stage 's1' is defined twice",
+            "  stages[2].until_step: must be greater than the previous stage's (20)",
+            "  stages[2].advance: the last stage has no next stage to advance to",
+            # ... and the sources that parsed, against their data and graders.
+            f"  sources.words.path: cannot read {tmp_path / 'missing.jsonl'}: No such file or directory",
+            "  sources.words.graders[0].name: unknown grader 'nope'; use a built-in one or declare it under "
+            "`graders` (exact_match, json_schema, json_valid, length_cap, math, numeric, reasoning_gym, regex, "
+            "think_format)",
+        ]
+    )
 
 
 def test_validate_a_shipped_curriculum_by_name(capsys: pytest.CaptureFixture[str]) -> None:
@@ -69,6 +107,24 @@ def test_serve_refuses_a_bad_setting(monkeypatch: pytest.MonkeyPatch, capsys: py
     monkeypatch.setenv("PROCTOR_MAX_BATCH_SIZE", "lots")
     assert main(["serve", "arithmetic", "--state", ":memory:"]) == 2
     assert "PROCTOR_MAX_BATCH_SIZE (max_batch_size): Input should be a valid integer" in capsys.readouterr().err
+
+
+def test_fresh_keeps_the_state_while_the_port_is_taken(
+    tmp_path: Path, curriculum_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "run.db"
+    state.write_bytes(b"a run's state")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["serve", str(curriculum_file), "--state", str(state), "--fresh", "--port", str(port)]
+        assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"proctor serve: --fresh: 127.0.0.1:{port} is in use, perhaps by this run's own server; stop it, then start "
+        "again with --fresh\n"
+    )
+    assert state.read_bytes() == b"a run's state"
 
 
 def test_serve_refuses_a_transitions_file_that_is_not_a_history(

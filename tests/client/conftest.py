@@ -21,6 +21,7 @@ def meta() -> dict[str, Any]:
         "curriculum": "tiny",
         "curriculum_hash": "c0ffee",
         "seed": 5,
+        "run": "tiny-c0ffee",
         "sources": [{"name": "add", "kind": "arithmetic", "version": "v1", "size": None, "graders": ["numeric"]}],
         "max_batch_size": 64,
         "max_grade_items": 100,

@@ -53,6 +53,40 @@ def test_padding_free_is_auto_or_off(capsys: pytest.CaptureFixture[str]) -> None
     assert line.startswith("proctor train: error: argument --padding-free: invalid choice: 'on'")
 
 
+@pytest.mark.e2e
+def test_no_server_at_the_address_is_one_line(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refusal(["--server", UNREACHABLE, "--tiny-dir", str(tiny_model), "--connect-timeout-s", "0.3"], capsys)
+    assert line == (
+        f"proctor train: error: no dataserver answers at {UNREACHABLE}: start one with `make serve` (or "
+        "`proctor serve`), or pass --server URL"
+    )
+
+
+@pytest.mark.e2e
+def test_a_missing_api_key_is_one_line(
+    live_server: Callable[..., Any], tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with live_server(api_key="hunter2") as url:
+        line = refusal(["--server", url, "--tiny-dir", str(tiny_model)], capsys)
+    assert line.startswith(
+        f"proctor train: error: the dataserver at {url} wants its API key: pass --api-key KEY, or set PROCTOR_API_KEY ("
+    )
+
+
+@pytest.mark.e2e
+def test_a_request_the_server_refuses_mid_run_is_one_line(
+    live_server: Callable[..., Any], tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two prompts a step, one more than this server serves: refused at the first step's /sample.
+    argv = ["--tiny-dir", str(tiny_model), "--output-dir", str(tmp_path / "run"), "--max-steps", "1"]
+    with live_server(max_batch_size=1) as url:
+        line = refusal(["--server", url, *argv], capsys)
+    assert line == (
+        "proctor train: error: the dataserver refused a request (422): batch_size: 2 is above this server's "
+        "maximum of 1 (PROCTOR_MAX_BATCH_SIZE)"
+    )
+
+
 def test_a_configuration_the_trainer_refuses_exits_before_the_server_is_asked(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pytest
 import yaml
 
 from proctor.cli.launcher import free_port
+from tests.conftest import system_command
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -102,7 +102,8 @@ def test_the_compose_dataserver_runs_here(tmp_path: Path) -> None:
         sample = httpx.post(url + "/sample", json={"iteration": 0, "batch_size": 4})
         assert sample.status_code == 200
         assert sample.json()["stage"] == "one_digit"  # the compose default: curricula/arithmetic.yaml
-        assert httpx.get(url + "/meta").json()["curriculum"] == "arithmetic"
+        meta = httpx.get(url + "/meta").json()
+        assert meta["curriculum"] == "arithmetic"
         # Both health checks, as Docker would run them (their port mapped like the server's).
         for check in (image["healthcheck"], service["healthcheck"]["test"][1:]):
             cmd = [c.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for c in check]
@@ -114,13 +115,14 @@ def test_the_compose_dataserver_runs_here(tmp_path: Path) -> None:
     # uvicorn re-raises the SIGTERM it handled once shut down, so the exit status says why it stopped.
     assert proc.returncode == -signal.SIGTERM, out
     assert "stopped: grader processes ended" in out
-    assert (mounts["/data"] / "proctor-state.db").exists()  # the state landed in the volume
+    # The run's state landed in the volume, named for the curriculum and its hash.
+    assert [f.name for f in mounts["/data"].glob("*.db")] == [f"arithmetic-{meta['curriculum_hash']}.db"]
 
 
 def test_the_image_serves_the_default_curriculum_as_a_non_root_user() -> None:
     image = dockerfile_stage("server")
     assert image["env"]["PROCTOR_CURRICULUM"] == "/app/curricula/arithmetic.yaml"
-    assert image["env"]["PROCTOR_STATE"].startswith("/data/")
+    assert image["env"]["PROCTOR_STATE_DIR"] == "/data"
     text = (DOCKER / "Dockerfile").read_text()
     assert "USER proctor" in text
     assert 'VOLUME ["/data"]' in text
@@ -140,12 +142,12 @@ def test_the_image_copies_every_installed_folder() -> None:
         assert f"COPY {folder} ./{folder}" in text, folder
 
 
-@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed")
 @pytest.mark.parametrize("profiles", [[], ["train"], ["monitoring"]], ids=["default", "train", "monitoring"])
 def test_a_real_compose_implementation_accepts_the_file(profiles: list[str]) -> None:
     args = [a for p in profiles for a in ("--profile", p)]
+    docker_compose = system_command("docker-compose")
     run = subprocess.run(
-        ["docker-compose", "-f", str(DOCKER / "compose.yaml"), *args, "config"], capture_output=True, text=True
+        [docker_compose, "-f", str(DOCKER / "compose.yaml"), *args, "config"], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stderr
     services = yaml.safe_load(run.stdout)["services"]

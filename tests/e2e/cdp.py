@@ -23,7 +23,7 @@ from websockets.sync.client import ClientConnection, connect
 __all__ = ["INSTALL_HINT", "Browser", "CdpError", "ChromiumMissing", "find_chromium"]
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-INSTALL_HINT = "the live page's browser tests need headless Chromium: apt-get install chromium"
+INSTALL_HINT = "the live page's browser tests need headless Chromium: `make test` installs it (as root), or run `apt-get install chromium`"
 
 
 class ChromiumMissing(RuntimeError):

@@ -1,25 +1,47 @@
-"""The README's curl examples, run verbatim against a real server, must print what the README shows."""
+"""The README as a new user follows it: ``make serve``, the curl tour, then training, each line run verbatim.
+
+The curl lines must print what the README shows under them. Then the README's training section runs in its
+order: ``make train`` against the run the tour used stops with the one line the README shows, and after
+``make serve ARGS=--fresh`` it trains. The servers take a free port and a temporary state folder from the
+environment (``PROCTOR_PORT``, ``PROCTOR_STATE_DIR``), which the README's commands leave to it.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+import httpx
 import pytest
 
+from proctor.cli.launcher import free_port
+from tests.conftest import system_command
+
 ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
 pytestmark = pytest.mark.e2e
+
+
+def section(name: str) -> str:
+    return README.split(f"<!-- {name}:start -->", 1)[1].split(f"<!-- {name}:end -->", 1)[0]
+
+
+def commands(name: str) -> list[str]:
+    """The command lines of a marked section's bash blocks, comments dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", section(name), flags=re.DOTALL)
+    lines = [line.split("#", 1)[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line]
 
 
 def readme_examples() -> list[tuple[str, str, str]]:
     """(command, output language, expected output) for every curl line in the README's example section."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("<!-- curl-examples:start -->", 1)[1].split("<!-- curl-examples:end -->", 1)[0]
-    blocks = re.findall(r"```(\w+)\n(.*?)```", section, flags=re.DOTALL)
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section("curl-examples"), flags=re.DOTALL)
     examples = []
     for (lang, body), nxt in zip(blocks, [*blocks[1:], ("", "")], strict=True):
         if lang != "bash":
@@ -31,23 +53,105 @@ def readme_examples() -> list[tuple[str, str, str]]:
     return examples
 
 
-def test_the_readme_has_examples() -> None:
-    assert len(readme_examples()) >= 8
-    assert "export PROCTOR_URL=http://127.0.0.1:8000" in (ROOT / "README.md").read_text()
+class Terminal:
+    """Runs README lines as a user's shell would, in the checkout, with the test's port and state folder."""
 
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.server: subprocess.Popen[str] | None = None
+        self.url = env["PROCTOR_URL"]
 
-def test_readme_curl_lines(server_process: Callable[..., Any], tmp_path: Path) -> None:
-    server = server_process(["curricula/arithmetic.yaml", "--state", str(tmp_path / "state.db")], cwd=ROOT)
-    for command, out_lang, expected in readme_examples():
-        result = subprocess.run(
-            ["bash", "-c", command],
-            capture_output=True,
+    def start_server(self, line: str) -> None:
+        """A ``make serve …`` line, in the background until the next one, as in a terminal of its own."""
+        self.stop_server()
+        self.server = subprocess.Popen(
+            ["bash", "-c", line],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
-            env={"PATH": "/usr/bin:/bin", "PROCTOR_URL": server.url},
-            timeout=30,
+            start_new_session=True,
         )
+        deadline = time.monotonic() + 120  # a liveness bound: make may install first
+        while True:
+            assert self.server.poll() is None, f"{line} exited:\n{self.server.communicate()[0]}"
+            try:
+                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"{line}: no server answered"
+            time.sleep(0.2)
+
+    def stop_server(self) -> str:
+        """Ctrl-C: SIGINT to the server's whole process group; returns what it printed."""
+        if self.server is None:
+            return ""
+        os.killpg(self.server.pid, signal.SIGINT)
+        out = self.server.communicate(timeout=60)[0]
+        self.server = None
+        return out
+
+    def run(self, line: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-c", line], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+
+@pytest.fixture
+def terminal(tmp_path: Path) -> Iterator[Terminal]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "PROCTOR_PORT": str(port),
+        "PROCTOR_URL": f"http://127.0.0.1:{port}",
+        "PROCTOR_STATE_DIR": str(tmp_path / "runs"),
+        "PROCTOR_GRADER_WORKERS": "1",
+    }
+    term = Terminal(env)
+    yield term
+    term.stop_server()
+
+
+def test_the_readme_has_its_sections() -> None:
+    assert commands("quick-start") == ["make serve", "make test"]
+    assert len(readme_examples()) >= 8
+    assert "export PROCTOR_URL=http://127.0.0.1:8000" in section("curl-examples")
+    assert [c.split()[:2] for c in commands("train-example")] == [["make", "serve"], ["make", "train"]]
+
+
+def test_the_readme_runs_as_written(terminal: Terminal) -> None:
+    system_command("curl")
+    [serve, _test] = commands("quick-start")
+    terminal.start_server(serve)
+
+    for command, out_lang, expected in readme_examples():
+        # `export PROCTOR_URL=…` is the README's: the test's server is on the port it chose.
+        result = terminal.run(command, timeout=30)
         assert result.returncode == 0, (command, result.stderr)
         if out_lang == "json":
             assert json.loads(result.stdout) == json.loads(expected), command
         else:
             assert result.stdout.strip() == expected.strip(), command
+
+    fresh, train = commands("train-example")
+    # Training against the run the tour used stops with the one line the README shows.
+    refused = terminal.run(train)
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    [shown] = [line for line in README.splitlines() if line.startswith("proctor train: error: the dataserver's run")]
+    pattern = ".*?".join(re.escape(part) for part in shown.split("…"))
+    [line] = [line for line in refused.stderr.splitlines() if not line.startswith("make:")]
+    assert re.fullmatch(pattern, line), line
+
+    terminal.stop_server()
+    terminal.start_server(fresh)
+    trained = terminal.run(train)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    steps = [line for line in trained.stdout.splitlines() if line.startswith("step ")]
+    assert len(steps) == 8
+    assert "stage one_digit" in steps[0]
+    # Its output is its own lines: no library warnings, progress bars or tracebacks.
+    assert trained.stderr == "", trained.stderr
+    log = terminal.stop_server()
+    assert "--fresh: removed the run's state file" in log

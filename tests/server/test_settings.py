@@ -14,7 +14,10 @@ from proctor.server.settings import Settings, SettingsError, load_settings
 def test_defaults() -> None:
     s = load_settings()
     assert s.curriculum == builtin_path("arithmetic")
-    assert (s.host, s.port, s.state, s.max_batch_size) == ("127.0.0.1", 8000, "proctor-state.db", 4096)
+    assert (s.host, s.port, s.max_batch_size) == ("127.0.0.1", 8000, 4096)
+    # Each curriculum (name and content hash) is a run of its own, with its state file under .proctor/runs.
+    assert s.state_path("arithmetic", "12e5") == ".proctor/runs/arithmetic-12e5.db"
+    assert s.run_name("arithmetic", "12e5") == "arithmetic-12e5"
     assert s.api_key is None
     assert s.grader_workers >= 1
 
@@ -28,6 +31,21 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, curriculum_file:
     assert (s.curriculum, s.port, s.max_batch_size) == (curriculum_file, 9001, 64)
     assert s.api_key is not None and s.api_key.get_secret_value() == "hunter2"
     assert "hunter2" not in repr(s)
+
+
+def test_a_run_name_or_a_state_file_places_the_state(tmp_path: Path) -> None:
+    named = load_settings(run="ablation-3", state_dir=tmp_path)
+    assert named.run_name("arithmetic", "12e5") == "ablation-3"
+    assert named.state_path("arithmetic", "12e5") == str(tmp_path / "ablation-3.db")
+    explicit = load_settings(run="ablation-3", state=str(tmp_path / "mine.db"))
+    assert explicit.state_path("arithmetic", "12e5") == str(tmp_path / "mine.db")
+    assert load_settings(state=":memory:").state_path("arithmetic", "12e5") == ":memory:"
+
+
+def test_a_run_name_must_be_a_plain_file_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROCTOR_RUN", "../../etc/passwd")
+    with pytest.raises(SettingsError, match=r"PROCTOR_RUN \(run\): String should match pattern"):
+        load_settings()
 
 
 def test_explicit_overrides_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
