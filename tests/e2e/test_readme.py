@@ -141,8 +141,9 @@ def test_the_readme_runs_as_written(terminal: Terminal) -> None:
     assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
     [shown] = [line for line in README.splitlines() if line.startswith("proctor train: error: the dataserver's run")]
     pattern = ".*?".join(re.escape(part) for part in shown.split("…"))
-    [line] = [line for line in refused.stderr.splitlines() if not line.startswith("make:")]
-    assert re.fullmatch(pattern, line), line
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("proctor train: error:")]
+    assert len(errors) == 1 and re.fullmatch(pattern, errors[0]), refused.stderr
+    assert "Traceback" not in refused.stderr, refused.stderr
 
     terminal.stop_server()
     terminal.start_server(fresh)
