@@ -5,7 +5,9 @@ One row per completion: ``iteration``, ``slot``, ``index``, then every column wr
 prompt's columns, the completion, its reward and reward detail, and any a role added). A cell not written
 is null. Arrays (token ids, log-probs) become lists. In parquet, values that are JSON objects or mixed lists
 (``reference``, ``reward_detail``) are JSON text, so that every table has one schema however its records'
-fields vary.
+fields vary; proctor's own columns are always there, with their types, in an export of no rows too (a file
+with the schema and no row groups, which ``datasets`` loads as 0 rows with ``streaming=True``: without it,
+``datasets`` refuses any empty split).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from proctor.client.dock import DockClient
 from proctor.dock import TableInfo, TransferDock
+from proctor.dock import columns as col
 
 __all__ = ["export_rollouts"]
 
@@ -70,10 +73,28 @@ def _write_parquet(dock: TransferDock | DockClient, tables: Sequence[TableInfo],
         import pyarrow.parquet as pq
     except ImportError:
         raise ValueError("parquet needs pyarrow (pip install pyarrow), or export JSON lines") from None
+    known = {
+        "iteration": pa.int64(),
+        "slot": pa.int64(),
+        "index": pa.int64(),
+        col.SAMPLE_ID: pa.string(),
+        col.STAGE: pa.string(),
+        col.PROMPT: pa.string(),
+        col.REFERENCE: pa.string(),
+        col.COMPLETION: pa.string(),
+        col.COMPLETION_TOKENS: pa.int64(),
+        col.COMPLETION_IDS: pa.list_(pa.int32()),
+        col.REWARD: pa.float64(),
+        col.REWARD_DETAIL: pa.string(),
+    }
     rows = [_flat(row) for table in tables for row in _rows(dock, table)]
-    names = list(dict.fromkeys(name for row in rows for name in row))
-    columns = {name: [row.get(name) for row in rows] for name in names}
-    pq.write_table(pa.table(columns) if rows else pa.table({"iteration": pa.array([], pa.int64())}), path)
+    names = list(dict.fromkeys([*known, *(name for row in rows for name in row)]))
+    arrays = [pa.array([row.get(name) for row in rows], type=known.get(name)) for name in names]
+    table = pa.Table.from_arrays(arrays, names=names)
+    # No rows, no row group: a row group of 0 rows is one that readers (datasets among them) refuse.
+    with pq.ParquetWriter(path, table.schema) as writer:
+        if rows:
+            writer.write_table(table)
     return len(rows)
 
 

@@ -95,19 +95,44 @@ Text = Annotated[str, Strict(), AfterValidator(_valid_unicode)]
 
 
 class _Wire(BaseModel):
-    # Unknown fields are ignored rather than refused so that newer clients can talk to older servers.
+    # An answer's unknown fields are ignored, so that a client reads a newer server's answers.
     model_config = ConfigDict(extra="ignore")
+
+
+class _Request(BaseModel):
+    """A request body: an unknown field is refused, naming the known ones, since a typo (``bacth``) that was
+    ignored would silently take the default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = [str(k) for k in data if k not in cls.model_fields]
+            if unknown:
+                names = ", ".join(repr(k[:40]) for k in unknown[:3]) + (", …" if len(unknown) > 3 else "")
+                raise ValueError(
+                    f"unknown field{'s' if len(unknown) > 1 else ''} {names}; the fields are "
+                    f"{', '.join(cls.model_fields)}"
+                )
+        return data
 
 
 # --- /sample -------------------------------------------------------------------------------------------
 
 
-class SampleRequest(_Wire):
+class SampleRequest(_Request):
     """Prompts for one GRPO generation step.
 
     ``batch_size`` is the number of distinct prompts of that step across all ranks. With ``rank`` and
     ``world_size`` the answer is that rank's contiguous share of the same batch.
     """
+
+    # The pair is checked below; the schema says so too, so that a schema-driven client never builds one alone.
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"dependentRequired": {"rank": ["world_size"], "world_size": ["rank"]}}
+    )
 
     iteration: Iteration = Field(description="GRPO generation step, counted from 0.")
     batch_size: Positive = Field(
@@ -150,7 +175,7 @@ class SampleResponse(_Wire):
 # --- /grade --------------------------------------------------------------------------------------------
 
 
-class GradeItem(_Wire):
+class GradeItem(_Request):
     """One completion to grade. Without ``completion_index``, the items of one prompt are numbered 0, 1, 2…
     in the order they appear in the request. A prompt is its ``slot`` when given (which needs the request's
     ``iteration``), else its ``sample_id``."""
@@ -164,7 +189,7 @@ class GradeItem(_Wire):
     )
 
 
-class GradeRequest(_Wire):
+class GradeRequest(_Request):
     """Completions to grade. ``iteration`` attributes them to the stage of that generation step; without
     it each item is attributed to the latest iteration that served its ``sample_id``."""
 

@@ -54,6 +54,7 @@ class SamplingService:
                 if batch is None:
                     batch = await self._stored(req.iteration)
                 if batch is None:
+                    self._check_reach(req.iteration)
                     batch, committed = await self._new_iteration(req.iteration, req.batch_size)
         if committed is not None:
             # Nobody gets a batch before it is on disk: the answer must survive a crash. A failed commit
@@ -65,6 +66,18 @@ class SamplingService:
                 f"batch_size {batch.batch_size} (rank and world_size select a share of it), or use another iteration"
             )
         return batch.response(req.rank, req.world_size)
+
+    def _check_reach(self, iteration: int) -> None:
+        """A new iteration may lie at most ``max_iteration_leap`` past the latest one sampled."""
+        last = self.ctx.progress.last_iteration
+        leap = self.ctx.settings.max_iteration_leap
+        if iteration > (-1 if last is None else last) + leap:
+            latest = "none was sampled yet" if last is None else f"the latest sampled is {last}"
+            raise InvalidRequestError(
+                "iteration",
+                f"{iteration} is more than {leap} iterations past the run's latest ({latest}); ask for the "
+                "generation steps in order, or raise PROCTOR_MAX_ITERATION_LEAP",
+            )
 
     async def sample_ids(self, iteration: int) -> tuple[str, ...] | None:
         """The sample id in each slot of ``iteration``; None if it was never sampled."""

@@ -57,6 +57,13 @@ class Settings(BaseSettings):
         default=None, description="When set, every route but /healthz needs `Authorization: Bearer <key>`."
     )
     max_batch_size: int = Field(default=4096, ge=1, description="Largest batch_size /sample accepts.")
+    max_iteration_leap: int = Field(
+        default=100_000,
+        ge=1,
+        le=2**53 - 1,
+        description="How far past the latest sampled iteration a new /sample may reach: a stray request would "
+        "otherwise make its iteration the run's latest for good.",
+    )
     # The defaults bound what one request costs on the event loop (tens of milliseconds for the worst body of
     # the largest size, `python -m bench event_loop`); ProctorClient splits a larger /grade to fit them.
     max_grade_items: int = Field(default=4096, ge=1, description="Most items one /grade request may carry.")

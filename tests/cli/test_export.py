@@ -64,6 +64,24 @@ def test_export_writes_every_row_of_the_chosen_steps_with_its_columns(
     assert (json.loads(detail) if fmt == "parquet" else detail) == {"components": {"numeric": 1.0}, "error": None}
 
 
+def test_an_empty_export_is_a_parquet_file_with_the_schema(
+    live_server: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "none.parquet"
+    with live_server() as url:
+        assert main(["export", str(out), "--server", url]) == 0
+    assert capsys.readouterr().out == f"wrote 0 rows to {out}\n"
+    rows = datasets.load_dataset("parquet", data_files=str(out), split="train", streaming=True)
+    assert list(rows) == []
+    assert rows.features is not None
+    assert list(rows.features) == [
+        "iteration", "slot", "index", "sample_id", "stage", "prompt", "reference", "completion",
+        "completion_tokens", "completion_ids", "reward", "reward_detail",
+    ]  # fmt: skip
+    assert rows.features["reward"].dtype == "float64"
+    assert rows.features["completion_tokens"].dtype == "int64"
+
+
 def test_export_leaves_cells_not_yet_written_empty(live_server: Callable[..., Any], tmp_path: Path) -> None:
     out = tmp_path / "partial.jsonl"
     with live_server(grader_workers=0) as url:  # nobody grades: no reward column yet

@@ -7,6 +7,7 @@ a fixed number of examples per operation.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -31,7 +32,9 @@ CHECKS = [
 def test_generated_requests_get_only_documented_answers(
     server_process: Callable[..., Any], tmp_path: Path, api_key: str | None
 ) -> None:
-    env = {"PROCTOR_API_KEY": api_key} if api_key else {}
+    # How far past the run's latest iteration a /sample may reach depends on what was sampled before, which no
+    # schema can say: here any iteration in the schema's range may be new.
+    env = {"PROCTOR_MAX_ITERATION_LEAP": str(2**53 - 1), **({"PROCTOR_API_KEY": api_key} if api_key else {})}
     server = server_process(
         ["curricula/arithmetic.yaml", "--state", str(tmp_path / "state.db"), "--grader-workers", "1"],
         cwd=ROOT,
@@ -59,10 +62,12 @@ def test_generated_requests_get_only_documented_answers(
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     out = result.stdout
-    # One warning is expected: a generated lease is unknown to the experience store (a 409), so collecting
-    # rejects most generated requests. Any other warning, and any failure, is not.
-    expected = "1 operation mostly rejected generated data"
-    assert "No issues found" in out or (
-        "1 warning in" in out and expected in out and "- POST /dock/leases/{lease}/collect" in out
-    ), out[-3000:]
+    # Any failed check fails the run (above). Schemathesis also warns when most of an operation's generated
+    # requests are refused, a sampling heuristic; that is expected only where acceptance depends on what the
+    # server holds, which no schema can say: a lease must be live (collect), a consumer registered (dispatch),
+    # and an iteration keeps the batch_size it was first sampled with (/sample).
+    stateful = {"POST /dock/leases/{lease}/collect", "POST /dock/consumers/{name}/dispatch", "POST /sample"}
+    warned = set(re.findall(r"^\s+- (POST \S+|GET \S+|PUT \S+)$", out, flags=re.MULTILINE))
+    assert "No issues found" in out or ("1 warning in" in out and "mostly rejected generated data" in out), out[-3000:]
+    assert warned <= stateful, out[-3000:]
     assert "18 selected / 18 total" in result.stdout  # every route was exercised, /openapi.json itself aside

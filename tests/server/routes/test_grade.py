@@ -163,6 +163,11 @@ async def test_a_stale_sample_id_is_an_error_result_not_a_grade(client: httpx.As
             [{"sample_id": "add:0123456789:1", "completion": "x", "completion_tokens": -1}],
             "items[0].completion_tokens: Input should be greater than or equal to 0",
         ),
+        (
+            [{"sample_id": "add:0123456789:1", "completion": "x", "completion_idx": 1}],
+            "items[0]: unknown field 'completion_idx'; the fields are sample_id, completion, completion_tokens, "
+            "completion_index, slot",
+        ),
     ],
     ids=[
         "malformed-id",
@@ -172,6 +177,7 @@ async def test_a_stale_sample_id_is_an_error_result_not_a_grade(client: httpx.As
         "no-completion",
         "completion-not-string",
         "negative-tokens",
+        "unknown-field",
     ],
 )
 async def test_bad_items(client: httpx.AsyncClient, items: list[dict[str, Any]], message: str) -> None:

@@ -126,6 +126,39 @@ async def test_bad_sample_requests(client: httpx.AsyncClient, body: dict[str, An
     assert message in response.json()["detail"]
 
 
+async def test_an_unknown_field_is_refused_naming_the_known_ones(client: httpx.AsyncClient) -> None:
+    response = await client.post("/sample", json={"iteration": 0, "batch_size": 4, "bacth": 1})
+    assert response.status_code == 422
+    assert response.json()["detail"] == (
+        "body: unknown field 'bacth'; the fields are iteration, batch_size, rank, world_size"
+    )
+    assert (await client.get("/curriculum")).json()["last_iteration"] is None
+
+
+async def test_a_stray_iteration_does_not_become_the_latest(client: httpx.AsyncClient) -> None:
+    response = await client.post("/sample", json={"iteration": 2**53 - 1, "batch_size": 4})
+    assert response.status_code == 422
+    assert response.json()["detail"] == (
+        "iteration: 9007199254740991 is more than 100000 iterations past the run's latest (none was sampled yet); "
+        "ask for the generation steps in order, or raise PROCTOR_MAX_ITERATION_LEAP"
+    )
+    assert (await client.get("/healthz")).json()["last_iteration"] is None
+
+
+async def test_the_leap_counts_from_the_latest_sampled_iteration(open_client: Callable[..., Any]) -> None:
+    async with open_client(max_iteration_leap=10) as c:
+        await sample(c, iteration=9, batch_size=4)  # the first: 9 is within 10 of nothing sampled
+        await sample(c, iteration=19, batch_size=4)
+        response = await c.post("/sample", json={"iteration": 30, "batch_size": 4})
+        assert response.status_code == 422
+        assert (
+            "30 is more than 10 iterations past the run's latest (the latest sampled is 19)"
+            in response.json()["detail"]
+        )
+        # Iterations already served stay served, whatever the leap.
+        assert (await sample(c, iteration=9, batch_size=4))["iteration"] == 9
+
+
 async def test_huge_batch_is_refused_without_work(client: httpx.AsyncClient) -> None:
     # kolibrify spends 20 s and 3.5 GB on this; here it must not even start building a batch.
     started = time.perf_counter()
