@@ -22,14 +22,13 @@ import asyncio
 import contextlib
 import functools
 import itertools
-import json
 import os
 import platform
 import random
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ import httpx
 from bench import math_grader
 from bench._baseline import BASELINE, available, checkout
 from bench._http import Connection
+from bench._load import GRADE_ITEMS, Row, completion, drive, row, write_curriculum
 from bench._results import save
 from bench.math_grader import Grader, time_grader
 from proctor.cli.launcher import ServerProcess
@@ -47,86 +47,8 @@ from proctor.server.grading.base import GradeInput
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = 8
 SAMPLE_BATCH = 16
-GRADE_ITEMS = 64
-ROWS = 5_000
 # Completions the bare rate is measured on (plain-number /grade items), and how many of them warm the grader up.
 BARE_COMPLETIONS, BARE_WARM_UP = 40 * GRADE_ITEMS, 64
-
-
-@dataclass
-class Row:
-    name: str
-    requests: int
-    seconds: float
-    p50_ms: float
-    p99_ms: float
-    target: str = ""
-
-    @property
-    def per_second(self) -> float:
-        return self.requests / self.seconds if self.seconds else 0.0
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
-
-
-async def _drive(
-    fn: Callable[[Connection], Awaitable[None]], *, seconds: float, concurrency: int, host: str, port: int
-) -> tuple[list[float], float]:
-    latencies: list[float] = []
-    deadline = time.perf_counter() + seconds
-
-    async def worker(conn: Connection) -> None:
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            await fn(conn)
-            latencies.append(time.perf_counter() - started)
-
-    conns = [await Connection.open(host, port) for _ in range(concurrency)]
-    started = time.perf_counter()
-    await asyncio.gather(*(worker(c) for c in conns))
-    elapsed = time.perf_counter() - started
-    for c in conns:
-        await c.close()
-    return latencies, elapsed
-
-
-def _row(name: str, latencies: list[float], elapsed: float, target: str = "") -> Row:
-    ms = [x * 1000 for x in latencies]
-    return Row(name, len(latencies), elapsed, _percentile(ms, 0.5), _percentile(ms, 0.99), target)
-
-
-def _answer(a: int, b: int, c: int) -> int:
-    return a + b * c
-
-
-def write_curriculum(folder: Path) -> tuple[Path, list[dict[str, str]]]:
-    """5,000 arithmetic rows in a JSONL file and a one-stage curriculum over them, graded by ``math``: the
-    curriculum's path and the rows, in file order."""
-    rng = random.Random(7)
-    rows = []
-    for _ in range(ROWS):
-        a, b, c = rng.randrange(1, 2000), rng.randrange(1, 50), rng.randrange(1, 50)
-        rows.append({"question": f"What is {a} + {b} × {c}?", "answer": str(_answer(a, b, c))})
-    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    path = folder / "load.yaml"
-    path.write_text(
-        "name: load\nseed: 1\n"
-        "sources:\n  rows:\n    path: rows.jsonl\n    prompt_field: question\n    answer_field: answer\n"
-        "    graders: [{name: math}]\n"
-        "stages:\n  - {name: only, until_step: 100000000, mix: [{source: rows}]}\n"
-    )
-    return path, rows
-
-
-def _completion(answer: str, n: int, k: int, latex: bool) -> str:
-    """The k-th completion of request n: every fourth right, the others wrong, each final answer distinct.
-    LaTeX answers are expressions (not plain numbers), so that math-verify parses every one of them."""
-    value = int(answer) if k % 4 == 0 else int(answer) + 1 + n * GRADE_ITEMS + k
-    final = f"\\boxed{{\\frac{{{4 * value}}}{{2}} - {value}}}" if latex else str(value)
-    return f"<think>working {n}-{k}</think>{final}"
 
 
 async def _run(
@@ -135,7 +57,7 @@ async def _run(
     """The rows; the plain-number /grade row among them; and plain-number /grade completions, not sent, for
     the bare rate of the math grader on the same kind of work."""
     rows: list[Row] = []
-    drive = functools.partial(_drive, seconds=seconds, concurrency=CONCURRENCY, host=host, port=port)
+    timed = functools.partial(drive, seconds=seconds, concurrency=CONCURRENCY, host=host, port=port)
     # Warm-up, away from the measured iterations. (Fresh connections per phase: uvicorn closes idle ones.)
     setup = await Connection.open(host, port)
     await setup.json("POST", "/sample", {"iteration": 10_000_000, "batch_size": SAMPLE_BATCH})
@@ -149,7 +71,7 @@ async def _run(
         samples[i] = (await c.json("POST", "/sample", {"iteration": i, "batch_size": SAMPLE_BATCH}))["samples"]
 
     rows.append(
-        _row(f"/sample new iteration (batch {SAMPLE_BATCH})", *await drive(new_sample), "≥ 2,500 req/s, p99 ≤ 5 ms")
+        row(f"/sample new iteration (batch {SAMPLE_BATCH})", *await timed(new_sample), "≥ 2,500 req/s, p99 ≤ 5 ms")
     )
 
     # What the other ranks (and retries) of recent steps ask for: a share of an iteration already sampled.
@@ -160,7 +82,7 @@ async def _run(
         body = {"iteration": rng.choice(recent), "batch_size": SAMPLE_BATCH, "rank": rng.randrange(4), "world_size": 4}
         await c.json("POST", "/sample", body)
 
-    rows.append(_row("/sample repeat: a rank's share of a recent iteration", *await drive(repeat_sample)))
+    rows.append(row("/sample repeat: a rank's share of a recent iteration", *await timed(repeat_sample)))
 
     served = [s["sample_id"] for batch in samples.values() for s in batch]
     counter = itertools.count()
@@ -169,8 +91,8 @@ async def _run(
         items = []
         for k in range(GRADE_ITEMS):
             sid = served[(n * GRADE_ITEMS + k) % len(served)]
-            completion = _completion(answers[sid], n, k, latex)
-            items.append({"sample_id": sid, "completion": completion, "completion_index": k})
+            text = completion(answers[sid], n, k, latex)
+            items.append({"sample_id": sid, "completion": text, "completion_index": k})
         return items
 
     def grader(latex: bool) -> Callable[[Connection], Awaitable[None]]:
@@ -180,11 +102,11 @@ async def _run(
         return grade
 
     plain, latex = grader(latex=False), grader(latex=True)
-    plain_row = _row(
-        f"/grade ({GRADE_ITEMS} completions, plain-number answers)", *await drive(plain), "≥ 500 req/s, p99 ≤ 100 ms"
+    plain_row = row(
+        f"/grade ({GRADE_ITEMS} completions, plain-number answers)", *await timed(plain), "≥ 500 req/s, p99 ≤ 100 ms"
     )
     rows.append(plain_row)
-    rows.append(_row(f"/grade ({GRADE_ITEMS} completions, LaTeX answers)", *await drive(latex)))
+    rows.append(row(f"/grade ({GRADE_ITEMS} completions, LaTeX answers)", *await timed(latex)))
 
     # /healthz under grading load: 8 connections keep /grade busy while one more probes /healthz.
     stop = asyncio.Event()
@@ -209,7 +131,7 @@ async def _run(
     loaders = [await Connection.open(host, port) for _ in range(CONCURRENCY)]
     started = time.perf_counter()
     await asyncio.gather(probe(), *(load(c) for c in loaders))
-    rows.append(_row("/healthz while /grade is saturated", health, time.perf_counter() - started, "p99 ≤ 20 ms"))
+    rows.append(row("/healthz while /grade is saturated", health, time.perf_counter() - started, "p99 ≤ 20 ms"))
     for c in loaders:
         await c.close()
 
@@ -220,7 +142,7 @@ async def _run(
         await conn.json("GET", "/healthz")
         idle.append(time.perf_counter() - started)
     await conn.close()
-    rows.append(_row("/healthz idle", idle, sum(idle)))
+    rows.append(row("/healthz idle", idle, sum(idle)))
     bare = [
         GradeInput(prompt="", completion=it["completion"], answer=answers[it["sample_id"]])
         for n in range(BARE_COMPLETIONS // GRADE_ITEMS)

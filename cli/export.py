@@ -35,7 +35,14 @@ def export(args: argparse.Namespace) -> int:
         return 2
     client = ProctorClient(args.server, api_key=args.api_key or os.environ.get("PROCTOR_API_KEY"))
     try:
-        rows = export_rollouts(DockClient(client=client), args.out, iterations=iterations, format=args.format)
+        rows = export_rollouts(
+            DockClient(client=client),
+            args.out,
+            iterations=iterations,
+            stages=args.stage,
+            sources=args.source,
+            format=args.format,
+        )
     except ValueError as exc:
         print(f"proctor export: {exc}")
         return 2

@@ -149,7 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--server", default="http://127.0.0.1:8000", help="the dataserver's URL (default http://127.0.0.1:8000)"
     )
     export_p.add_argument("--iterations", default=":", help="START:STOP, STOP excluded (default: every table kept)")
-    export_p.add_argument("--format", choices=["parquet", "jsonl"], help="default: from OUT's suffix")
+    export_p.add_argument(
+        "--stage", action="append", metavar="NAME", help="only this curriculum stage's rows; repeatable (default: all)"
+    )
+    export_p.add_argument(
+        "--source", action="append", metavar="NAME", help="only this source's rows; repeatable (default: all)"
+    )
+    export_p.add_argument(
+        "--format", choices=["parquet", "jsonl"], help="(default: parquet for OUT ending .parquet, else jsonl)"
+    )
     export_p.add_argument("--api-key", help="the server's API key (default: env PROCTOR_API_KEY)")
     export_p.set_defaults(run=_export)
 

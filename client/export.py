@@ -13,7 +13,7 @@ with the schema and no row groups, which ``datasets`` loads as 0 rows with ``str
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,24 +33,40 @@ def export_rollouts(
     out: str | Path,
     *,
     iterations: range | None = None,
+    stages: Collection[str] | None = None,
+    sources: Collection[str] | None = None,
     format: Literal["parquet", "jsonl"] | None = None,
 ) -> int:
     """Write the rows of the kept tables whose iteration is in ``iterations`` (all when None) to ``out``, as
-    ``format`` (from the suffix when None: ``.parquet``, else JSON lines). Returns the rows written."""
+    ``format`` (from the suffix when None: ``.parquet``, else JSON lines). Returns the rows written.
+
+    ``stages`` and ``sources`` keep only the rows of those curriculum stages and sources (a row whose prompt's
+    columns were never written has neither, and is left out by either filter)."""
     path = Path(out)
     fmt = format or ("parquet" if path.suffix == ".parquet" else "jsonl")
     if fmt not in ("parquet", "jsonl"):
         raise ValueError(f"format must be 'parquet' or 'jsonl', got {fmt!r}")
     tables = [t for t in dock.tables() if iterations is None or t.iteration in iterations]
+    rows = (
+        row
+        for table in tables
+        for row in _rows(dock, table)
+        if (stages is None or row.get(col.STAGE) in stages)
+        and (sources is None or _source(row.get(col.SAMPLE_ID)) in sources)
+    )
     if fmt == "jsonl":
         written = 0
         with path.open("w", encoding="utf-8") as f:
-            for table in tables:
-                for row in _rows(dock, table):
-                    f.write(json.dumps(row, ensure_ascii=False, default=_plain) + "\n")
-                    written += 1
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False, default=_plain) + "\n")
+                written += 1
         return written
-    return _write_parquet(dock, tables, path)
+    return _write_parquet(rows, path)
+
+
+def _source(sample_id: object) -> str | None:
+    """The source of a ``<source>:<version>:<record>`` sample id."""
+    return sample_id.split(":", 1)[0] if isinstance(sample_id, str) else None
 
 
 def _rows(dock: TransferDock | DockClient, table: TableInfo) -> Iterator[dict[str, Any]]:
@@ -67,7 +83,7 @@ def _rows(dock: TransferDock | DockClient, table: TableInfo) -> Iterator[dict[st
             yield row
 
 
-def _write_parquet(dock: TransferDock | DockClient, tables: Sequence[TableInfo], path: Path) -> int:
+def _write_parquet(rows: Iterable[dict[str, Any]], path: Path) -> int:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -87,15 +103,15 @@ def _write_parquet(dock: TransferDock | DockClient, tables: Sequence[TableInfo],
         col.REWARD: pa.float64(),
         col.REWARD_DETAIL: pa.string(),
     }
-    rows = [_flat(row) for table in tables for row in _rows(dock, table)]
-    names = list(dict.fromkeys([*known, *(name for row in rows for name in row)]))
-    arrays = [pa.array([row.get(name) for row in rows], type=known.get(name)) for name in names]
+    flat = [_flat(row) for row in rows]
+    names = list(dict.fromkeys([*known, *(name for row in flat for name in row)]))
+    arrays = [pa.array([row.get(name) for row in flat], type=known.get(name)) for name in names]
     table = pa.Table.from_arrays(arrays, names=names)
     # No rows, no row group: a row group of 0 rows is one that readers (datasets among them) refuse.
     with pq.ParquetWriter(path, table.schema) as writer:
-        if rows:
+        if flat:
             writer.write_table(table)
-    return len(rows)
+    return len(flat)
 
 
 def _flat(row: dict[str, Any]) -> dict[str, Any]:

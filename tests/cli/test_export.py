@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ SLOTS, GROUP = 2, 2
 ROWS = [(s, k) for s in range(SLOTS) for k in range(GROUP)]
 
 
-def train_steps(url: str, steps: range) -> None:
+def train_steps(url: str, steps: Sequence[int]) -> None:
     """What a trainer leaves in the store: sampled steps with completions, token ids and rewards."""
     with DockClient(url) as dock:
         for step in steps:
@@ -62,6 +62,22 @@ def test_export_writes_every_row_of_the_chosen_steps_with_its_columns(
     assert rows["completion_ids"] == [[i, s, k] for i in (1, 2) for s, k in ROWS]
     detail = rows["reward_detail"][0]
     assert (json.loads(detail) if fmt == "parquet" else detail) == {"components": {"numeric": 1.0}, "error": None}
+
+
+def test_export_keeps_the_stages_and_sources_asked_for(live_server: Callable[..., Any], tmp_path: Path) -> None:
+    everything, by_stage, by_source = (tmp_path / f"{name}.jsonl" for name in ("all", "stage", "source"))
+    with live_server() as url:
+        train_steps(url, [0, 1, 10, 11])  # stage warm (source add), then main (add and qa)
+        assert main(["export", str(everything), "--server", url]) == 0
+        assert main(["export", str(by_stage), "--server", url, "--stage", "main"]) == 0
+        assert main(["export", str(by_source), "--server", url, "--source", "qa", "--source", "nope"]) == 0
+    rows = [json.loads(line) for line in everything.read_text().splitlines()]
+    assert {r["stage"] for r in rows} == {"warm", "main"}
+    main_rows = [json.loads(line) for line in by_stage.read_text().splitlines()]
+    assert main_rows == [r for r in rows if r["stage"] == "main"]
+    qa_rows = [json.loads(line) for line in by_source.read_text().splitlines()]
+    assert qa_rows == [r for r in rows if r["sample_id"].startswith("qa:")]
+    assert qa_rows and {r["iteration"] for r in qa_rows} <= {10, 11}
 
 
 def test_an_empty_export_is_a_parquet_file_with_the_schema(

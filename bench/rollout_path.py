@@ -1,0 +1,150 @@
+"""The rollout path against its bare baseline, side by side in one run: ``/sample`` and ``/grade`` of a real
+``proctor serve`` process and of ``bench.bare_baseline`` (a minimal FastAPI app that keeps nothing), on the same
+rows, the same workload and the same machine.
+
+Workload, 8 connections each: ``/sample`` of new iterations, 16 prompts each; then ``/grade`` of 64 completions
+a request, each a short reasoning then a final number, every answer distinct across requests (no cache can
+help), graded by the ``math`` grader on both. proctor persists every batch and grade (SQLite, WAL) and grades in
+its grader processes (one per core); the baseline grades in its one process and keeps nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench._http import Connection
+from bench._load import GRADE_ITEMS, Row, completion, drive, row, write_curriculum
+from bench._results import save
+from proctor.cli.launcher import ServerProcess, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CONCURRENCY = 8
+SAMPLE_BATCH = 16
+SECONDS = 8.0
+TARGETS = {"sample": "≥ 1.0×, p99 ≤ 10 ms", "grade": "≥ 1.0×, p99 ≤ 100 ms"}
+
+
+async def measure(port: int, seconds: float, answer_of: Callable[[str], str]) -> dict[str, Row]:
+    """The two rows, ``/sample`` then ``/grade``, against the server on ``port``."""
+
+    def timed(fn: Callable[[Connection], Awaitable[None]]) -> Awaitable[tuple[list[float], float]]:
+        return drive(fn, seconds=seconds, concurrency=CONCURRENCY, host="127.0.0.1", port=port)
+
+    iterations = itertools.count()
+    served: list[str] = []
+
+    async def new_sample(c: Connection) -> None:
+        answer = await c.json("POST", "/sample", {"iteration": next(iterations), "batch_size": SAMPLE_BATCH})
+        served.extend(s["sample_id"] for s in answer["samples"])
+
+    sample = row(f"/sample new iteration (batch {SAMPLE_BATCH})", *await timed(new_sample))
+    requests = itertools.count()
+
+    async def grade(c: Connection) -> None:
+        n = next(requests)
+        items = []
+        for k in range(GRADE_ITEMS):
+            sid = served[(n * GRADE_ITEMS + k) % len(served)]
+            items.append(
+                {"sample_id": sid, "completion": completion(answer_of(sid), n, k, False), "completion_index": k}
+            )
+        await c.json("POST", "/grade", {"items": items})
+
+    graded = row(f"/grade ({GRADE_ITEMS} completions)", *await timed(grade))
+    return {"sample": sample, "grade": graded}
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the baseline exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"the baseline did not answer within 60 s:\n{log.read_text()}")
+
+
+def run(seconds: float = SECONDS) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "env": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "concurrency": CONCURRENCY,
+            "seconds": seconds,
+        }
+    }
+    with tempfile.TemporaryDirectory(prefix="proctor-rollout-path-") as tmp:
+        folder = Path(tmp)
+        curriculum, records = write_curriculum(folder)
+
+        port = free_port()
+        log = folder / "baseline.log"
+        with log.open("wb") as out:
+            cmd = [sys.executable, "-m", "bench.bare_baseline", str(folder / "rows.jsonl"), "--port", str(port)]
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _wait_healthy(f"http://127.0.0.1:{port}", proc, log)
+            bare = asyncio.run(measure(port, seconds, lambda sid: records[int(sid.rsplit(":", 1)[1])]["answer"]))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+        args = [str(curriculum), "--state", str(folder / "state.db"), "--log-level", "warning"]
+        with ServerProcess(args, log=folder / "server.log", cwd=ROOT) as server:
+            now = asyncio.run(measure(server.port, seconds, lambda sid: records[int(sid.rsplit(":", 1)[1])]["answer"]))
+    results["proctor"] = {k: asdict(v) for k, v in now.items()}
+    results["baseline"] = {k: asdict(v) for k, v in bare.items()}
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| endpoint | proctor req/s | proctor p99 ms | baseline req/s | baseline p99 ms | proctor ÷ baseline "
+        "| target |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for key in ("sample", "grade"):
+        p, b = Row(**results["proctor"][key]), Row(**results["baseline"][key])
+        ratio = p.per_second / b.per_second if b.per_second else float("nan")
+        lines.append(
+            f"| {p.name} | {p.per_second:.0f} | {p.p99_ms:.1f} | {b.per_second:.0f} | {b.p99_ms:.1f} | "
+            f"{ratio:.2f}× | {TARGETS[key]} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench rollout_path", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=SECONDS, help=f"per measurement (default {SECONDS:g})")
+    args = parser.parse_args(argv)
+    results = run(args.seconds)
+    env = results["env"]
+    print(
+        f"rollout path against its bare baseline, {CONCURRENCY} connections, {env['cpus']} CPUs, "
+        f"Python {env['python']}, {env['seconds']:g} s each"
+    )
+    print(table(results))
+    save("rollout_path", results)
+
+
+if __name__ == "__main__":
+    main()
