@@ -178,7 +178,8 @@ class SampleResponse(_Wire):
 class GradeItem(_Request):
     """One completion to grade. Without ``completion_index``, the items of one prompt are numbered 0, 1, 2…
     in the order they appear in the request. A prompt is its ``slot`` when given (which needs the request's
-    ``iteration``), else its ``sample_id``."""
+    ``iteration``); else, with the request's ``iteration``, the slot its record fills in that batch (a record
+    that fills several needs its ``slot`` sent); else its ``sample_id``."""
 
     sample_id: SampleIdText
     completion: Text

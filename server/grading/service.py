@@ -1,7 +1,8 @@
 """The grading service: ``POST /grade``, rewards for completions, each graded once.
 
-A request's items are validated, given the iteration (and so the stage) they belong to and an idempotency
-key, and looked up among the stored grades. What is new goes to the graders: completions that name an
+A request's items are validated, placed in their slots of the request's iteration (sent, or inferred from the
+record), given the iteration (and so the stage) they belong to and an idempotency key, and looked up among the
+stored grades. What is new goes to the graders: completions that name an
 iteration and slot of a step whose table is open in the experience store are written there and graded by
 the grader role (this server's pool or remote grade-workers); the rest go to this server's pool directly.
 Grades are stored before they are answered or counted in the curriculum's statistics; posting a completion
@@ -68,8 +69,8 @@ class GradingService:
         # remote, runs outside the gate, side by side.
         async with self._loop_share:
             items = await self._validate(req)
-            if req.iteration is not None and any(it.slot is not None for it in items):
-                await self._check_slots(items, req.iteration)
+            if req.iteration is not None:
+                await self._place(items, req.iteration)
             await self._attribute(items, req.iteration)
             keys = [it.key for it in items if it.record is not None]
             # Only an iteration that was graded before can have stored grades: usually nothing to look up.
@@ -213,29 +214,55 @@ class GradingService:
             )
         return items
 
-    async def _check_slots(self, items: Sequence[_Item], iteration: int) -> None:
-        """Each item's slot must hold its sample_id in the iteration's batch, so that a grade keyed by slot
-        is the grade of the prompt the client was served there."""
+    async def _place(self, items: Sequence[_Item], iteration: int) -> None:
+        """Give each item its slot in the iteration's batch. A slot the client sent must hold the item's
+        sample_id, so that a grade keyed by slot is the grade of the prompt the client was served there. Without
+        one, the slot is the one the record fills; a record that fills several must have its slot sent. An item
+        whose record is not in the batch keeps no slot."""
         ids = await self.rollouts.sampling.sample_ids(iteration)
         if ids is None:
-            raise InvalidRequestError(
-                "iteration",
-                f"iteration {iteration} was never sampled by this server, so its slots are unknown; send the "
-                "iteration /sample served, or items without slot",
-            )
-        for n, it in enumerate(items):
+            if any(it.slot is not None for it in items):
+                raise InvalidRequestError(
+                    "iteration",
+                    f"iteration {iteration} was never sampled by this server, so its slots are unknown; send the "
+                    "iteration /sample served, or items without slot",
+                )
+            return
+        slots_of: dict[str, list[int]] = {}
+        for slot, sample_id in enumerate(ids):
+            slots_of.setdefault(sample_id, []).append(slot)
+        placed: dict[tuple[int, int], int] = {}
+        async for n, it in paced(enumerate(items)):
             if it.slot is None:
-                continue
-            if it.slot >= len(ids):
+                held = slots_of.get(it.sample_id, ())
+                if len(held) > 1:
+                    raise InvalidRequestError(
+                        f"items[{n}].slot",
+                        f"{it.sample_id!r} fills slots {', '.join(map(str, held))} of iteration {iteration}, each a "
+                        "prompt of its own: send each item's slot as /sample returned it",
+                    )
+                if held:
+                    it.slot = held[0]
+            elif it.slot >= len(ids):
                 raise InvalidRequestError(
                     f"items[{n}].slot", f"iteration {iteration} has {len(ids)} slots (0..{len(ids) - 1}), not {it.slot}"
                 )
-            if ids[it.slot] != it.sample_id:
+            elif ids[it.slot] != it.sample_id:
                 raise InvalidRequestError(
                     f"items[{n}].slot",
                     f"slot {it.slot} of iteration {iteration} holds {ids[it.slot]!r}, not {it.sample_id!r}; send "
                     "each sample's slot exactly as /sample returned it",
                 )
+            if it.slot is not None:
+                # An inferred slot may meet one the client sent for the same completion.
+                pair = (it.slot, it.completion_index)
+                if pair in placed:
+                    raise InvalidRequestError(
+                        f"items[{n}]",
+                        f"(slot, completion_index) = {pair} already appears at items[{placed[pair]}]; give each "
+                        "completion of a prompt its own completion_index",
+                    )
+                placed[pair] = n
 
     async def _attribute(self, items: Sequence[_Item], iteration: int | None) -> None:
         """Give each item the iteration (and so the stage) it belongs to, and its idempotency key."""

@@ -299,6 +299,35 @@ async def test_a_record_served_in_two_slots_is_graded_as_two_prompts(client: htt
     assert [r["reward"] for r in again] == [1.0, 0.0]
 
 
+async def test_a_record_in_two_slots_without_its_slot_is_422_naming_slot(client: httpx.AsyncClient) -> None:
+    samples = await sample(client, 10, batch_size=16)
+    slots: dict[str, list[int]] = {}
+    for s in samples:
+        slots.setdefault(s["sample_id"], []).append(s["slot"])
+    sid, held = next((k, v) for k, v in slots.items() if len(v) > 1)
+    response = await client.post("/grade", json={"iteration": 10, "items": [{"sample_id": sid, "completion": "x"}]})
+    assert response.status_code == 422
+    assert response.json()["detail"] == (
+        f"items[0].slot: {sid!r} fills slots {', '.join(map(str, held))} of iteration 10, each a prompt of its own: "
+        "send each item's slot as /sample returned it"
+    )
+
+
+async def test_without_a_slot_an_item_gets_the_one_its_record_fills(client: httpx.AsyncClient) -> None:
+    samples = await sample(client, 0)
+    items = [{"sample_id": s["sample_id"], "completion": answer(s)} for s in reversed(samples)]
+    results = await grade(client, items, iteration=0)
+    assert [r["slot"] for r in results] == [3, 2, 1, 0]
+    assert [r["reward"] for r in results] == [1.0] * 4
+    # The same completions with their slots sent are the same grades.
+    with_slots = await grade(client, [{**it, "slot": 3 - n} for n, it in enumerate(items)], iteration=0)
+    assert [r["cached"] for r in with_slots] == [True] * 4
+    # A record that is not in the iteration's batch keeps no slot: graded by its sample_id.
+    stray = await sample_id_of(client, "add", 10**6)
+    [outside] = await grade(client, [{"sample_id": stray, "completion": "1"}], iteration=0)
+    assert outside["slot"] is None
+
+
 @pytest.mark.parametrize(
     ("item", "extra", "message"),
     [
