@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from proctor.client.dock import DockClient
+from proctor.client.errors import DataserverError
 from proctor.client.export import export_rollouts
 from proctor.client.http import ProctorClient
 
@@ -31,7 +33,7 @@ def export(args: argparse.Namespace) -> int:
     try:
         iterations = iteration_range(args.iterations)
     except ValueError as exc:
-        print(f"proctor export: {exc}")
+        print(f"proctor export: {exc}", file=sys.stderr)
         return 2
     client = ProctorClient(args.server, api_key=args.api_key or os.environ.get("PROCTOR_API_KEY"))
     try:
@@ -44,7 +46,10 @@ def export(args: argparse.Namespace) -> int:
             format=args.format,
         )
     except ValueError as exc:
-        print(f"proctor export: {exc}")
+        print(f"proctor export: {exc}", file=sys.stderr)
+        return 2
+    except DataserverError as exc:
+        print(f"proctor export: the dataserver at {args.server} did not answer as asked: {exc}", file=sys.stderr)
         return 2
     finally:
         client.close()

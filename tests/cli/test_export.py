@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -123,4 +124,13 @@ def test_export_refuses_a_bad_range(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], iterations: str, message: str
 ) -> None:
     assert main(["export", str(tmp_path / "x.jsonl"), "--iterations", iterations]) == 2
-    assert capsys.readouterr().out == f"proctor export: {message}\n"
+    assert capsys.readouterr().err == f"proctor export: {message}\n"
+
+
+def test_export_without_a_server_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: refused
+        assert main(["export", str(tmp_path / "x.jsonl"), "--server", url]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"proctor export: the dataserver at {url} did not answer as asked: GET {url}/dock failed")
