@@ -94,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         "env PROCTOR_GRADER_WORKERS)",
     )
     serve_p.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], help="(default info, env PROCTOR_LOG_LEVEL)"
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe log lines shown (default info, env PROCTOR_LOG_LEVEL)",
     )
     serve_p.add_argument(
         "--log-format",
@@ -139,7 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--exit-when-idle-s", type=float, help="stop after this long without a row to grade (default: never)"
     )
     worker_p.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="(default info)"
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="the least severe log lines shown (default info)",
     )
     worker_p.set_defaults(run=_grade_worker)
 

@@ -121,7 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per completion, at most (default 32)",
     )
     p.add_argument(
-        "--learning-rate", type=float, default=None, help="(default 1e-4 for the tiny model, 1e-6 for any other)"
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="the optimizer's learning rate (default 1e-4 for the tiny model, 1e-6 for any other)",
     )
     p.add_argument(
         "--beta", type=float, default=0.0, help="KL coefficient; > 0 adds a reference log-prob pass (default 0.0)"
