@@ -15,21 +15,16 @@ import asyncio
 import itertools
 import os
 import platform
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench._http import Connection
 from bench._load import GRADE_ITEMS, Row, completion, drive, row, write_curriculum
 from bench._results import save
-from proctor.cli.launcher import ServerProcess, free_port
+from proctor.cli.launcher import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = 8
@@ -68,20 +63,6 @@ async def measure(port: int, seconds: float, answer_of: Callable[[str], str]) ->
     return {"sample": sample, "grade": graded}
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the baseline exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"the baseline did not answer within 60 s:\n{log.read_text()}")
-
-
 def run(seconds: float = SECONDS) -> dict[str, Any]:
     results: dict[str, Any] = {
         "env": {
@@ -96,21 +77,22 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
         folder = Path(tmp)
         curriculum, records = write_curriculum(folder)
 
-        port = free_port()
-        log = folder / "baseline.log"
-        with log.open("wb") as out:
-            cmd = [sys.executable, "-m", "bench.bare_baseline", str(folder / "rows.jsonl"), "--port", str(port)]
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            _wait_healthy(f"http://127.0.0.1:{port}", proc, log)
-            bare = asyncio.run(measure(port, seconds, lambda sid: records[int(sid.rsplit(":", 1)[1])]["answer"]))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+        def answer_of(sample_id: str) -> str:
+            # Both servers end a sample id with the record's place in the file.
+            return records[int(sample_id.rsplit(":", 1)[1])]["answer"]
 
+        baseline = ServerProcess(
+            [str(folder / "rows.jsonl")],
+            log=folder / "baseline.log",
+            cwd=ROOT,
+            module="bench.bare_baseline",
+            subcommand=None,
+        )
+        with baseline:
+            bare = asyncio.run(measure(baseline.port, seconds, answer_of))
         args = [str(curriculum), "--state", str(folder / "state.db"), "--log-level", "warning"]
         with ServerProcess(args, log=folder / "server.log", cwd=ROOT) as server:
-            now = asyncio.run(measure(server.port, seconds, lambda sid: records[int(sid.rsplit(":", 1)[1])]["answer"]))
+            now = asyncio.run(measure(server.port, seconds, answer_of))
     results["proctor"] = {k: asdict(v) for k, v in now.items()}
     results["baseline"] = {k: asdict(v) for k, v in bare.items()}
     return results

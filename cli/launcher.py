@@ -25,7 +25,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``proctor serve ARGS --port <free port>`` in a child process, its output in ``log``.
+    """``proctor serve ARGS --port <free port>`` in a child process, its output in ``log``; ``module`` and
+    ``subcommand`` run another server that takes ``--port`` and answers ``/healthz``.
 
     ``env`` is added to this process's environment (a ``PYTHONPATH`` there runs another checkout).
 
@@ -42,9 +43,11 @@ class ServerProcess:
         cwd: Path | None = None,
         port: int | None = None,
         module: str = "proctor.cli",
+        subcommand: str | None = "serve",
     ) -> None:
         self.port = port or free_port()
         self.module = module  # what runs `serve`: another one for an older checkout (`proctor.server.cli`)
+        self.subcommand = subcommand  # None for a module that serves with no subcommand (a benchmark's baseline)
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = args
         self.log = log
@@ -56,7 +59,8 @@ class ServerProcess:
         return self.log.read_text() if self.log.exists() else ""
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
-        cmd = [sys.executable, "-m", self.module, "serve", *self.args, "--port", str(self.port)]
+        command = [] if self.subcommand is None else [self.subcommand]
+        cmd = [sys.executable, "-m", self.module, *command, *self.args, "--port", str(self.port)]
         # A file, not a pipe: a pipe nobody reads fills up and blocks the server on its next log line.
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT)

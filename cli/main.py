@@ -27,9 +27,16 @@ def _demo(args: argparse.Namespace) -> int:
     return demo(steps=args.steps)
 
 
+# The packages of the `train` extra: a command that cannot import one of them says how to install it.
+_TRAIN_EXTRA = frozenset({"torch", "transformers", "trl", "datasets", "accelerate"})
+
+
 def _needs_train_extra(command: str, exc: ImportError) -> int:
+    """One line saying how to install the `train` extra; any other import error is a bug, and is raised."""
+    if not isinstance(exc, ModuleNotFoundError) or (exc.name or "").split(".")[0] not in _TRAIN_EXTRA:
+        raise exc
     print(
-        f"proctor {command}: error: needs the train extra (torch, transformers, TRL), and {exc.name or exc} is not "
+        f"proctor {command}: error: needs the train extra (torch, transformers, TRL), and {exc.name} is not "
         "installed: run `make train` (or `make demo`) from a checkout, or `pip install 'proctor[train]'`",
         file=sys.stderr,
     )

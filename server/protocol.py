@@ -130,9 +130,7 @@ class SampleRequest(_Request):
     """
 
     # The pair is checked below; the schema says so too, so that a schema-driven client never builds one alone.
-    model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"dependentRequired": {"rank": ["world_size"], "world_size": ["rank"]}}
-    )
+    model_config = ConfigDict(json_schema_extra={"dependentRequired": {"rank": ["world_size"], "world_size": ["rank"]}})
 
     iteration: Iteration = Field(description="GRPO generation step, counted from 0.")
     batch_size: Positive = Field(

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from proctor.curricula import builtin_path
 from proctor.server.exceptions import ProctorError
 from proctor.server.grading.pool import default_workers
+from proctor.server.protocol import MAX_ITERATION
 
 __all__ = ["Settings", "SettingsError", "load_settings"]
 
@@ -60,7 +61,7 @@ class Settings(BaseSettings):
     max_iteration_leap: int = Field(
         default=100_000,
         ge=1,
-        le=2**53 - 1,
+        le=MAX_ITERATION,
         description="How far past the latest sampled iteration a new /sample may reach: a stray request would "
         "otherwise make its iteration the run's latest for good.",
     )

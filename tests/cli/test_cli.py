@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,25 @@ def test_serve_refuses_a_transitions_file_that_is_not_a_history(
     err = capsys.readouterr().err
     assert err.startswith(f"proctor serve: --transitions {history}: not a GET /curriculum answer")
     assert "curl -s $PROCTOR_URL/curriculum > FILE" in err
+
+
+def _train_without(module: str) -> subprocess.CompletedProcess[str]:
+    """`proctor train` in a process where ``module`` cannot be imported."""
+    code = f"import sys; sys.modules[{module!r}] = None; from proctor.cli.main import main; sys.exit(main(['train']))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_train_without_the_train_extra_says_how_to_install_it() -> None:
+    run = _train_without("torch")
+    assert run.returncode == 2
+    assert run.stderr == (
+        "proctor train: error: needs the train extra (torch, transformers, TRL), and torch is not installed: run "
+        "`make train` (or `make demo`) from a checkout, or `pip install 'proctor[train]'`\n"
+    )
+
+
+def test_another_import_error_is_not_blamed_on_the_extra() -> None:
+    run = _train_without("proctor.client.trainer")
+    assert run.returncode == 1
+    assert "ModuleNotFoundError" in run.stderr
+    assert "train extra" not in run.stderr
