@@ -1,5 +1,7 @@
 """The experience store's throughput: rows per second written and read, in-process (``TransferDock`` on a
-file) and through the dataserver's ``/dock`` routes (``DockClient``), side by side in one run.
+file) and through the dataserver's ``/dock`` routes (``DockClient``), side by side in one run; and what a
+graded completion costs in storage (SQL rows written, bytes on disk), here and in the per-cell layout the
+store had before (``--before REF``, run from a worktree of that commit).
 
 Each step is a 1,024-row table (256 prompts × 4 completions) with a 512-token ``completion_ids`` column,
 stored either as int32 arrays (the store's binary encoding: raw bytes in SQLite, base64 on the wire) or as
@@ -9,7 +11,11 @@ JSON lists of integers. A write is one ``put`` of every row's cell; a read is on
 from __future__ import annotations
 
 import argparse
+import json
+import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -18,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from bench._baseline import available, checkout
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
 from proctor.client import DockClient
@@ -76,6 +83,80 @@ def run(steps: int) -> list[dict[str, Any]]:
     return results
 
 
+# A GRPO step as the dataserver stores it: 16 prompts × 4 completions of about 40 words, graded.
+COST_SLOTS, COST_GROUP, COST_STEPS = 16, 4, 20
+CELL_LAYOUT = "79db5ef"  # the last commit whose store kept a SQL row per cell
+
+
+def storage_cost(steps: int = COST_STEPS) -> dict[str, float]:
+    """SQL rows written and bytes on disk per graded completion, for ``steps`` steps written as the dataserver
+    writes them (prompt columns, completions, the grader role's lease and rewards); the store's own tables
+    only."""
+    rng = np.random.default_rng(0)
+    rows = [(s, k) for s in range(COST_SLOTS) for k in range(COST_GROUP)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "cost.db")
+        dock = TransferDock(path, keep_iterations=steps + 1)
+        dock.register("grader", needs=["sample_id", "completion"], produces=["reward", "reward_detail"])
+        for step in range(steps):
+            dock.open(step, slots=COST_SLOTS, group_size=COST_GROUP)
+            prompts: dict[str, list[Any]] = {
+                "sample_id": [f"add:0123456789:{step * COST_SLOTS + s}" for s in range(COST_SLOTS)],
+                "prompt": [f"What is {s} + {step}? Think step by step." for s in range(COST_SLOTS)],
+                "reference": [{"answer": str(s + step), "metadata": {}} for s in range(COST_SLOTS)],
+                "stage": ["warm"] * COST_SLOTS,
+            }
+            if hasattr(dock, "put_slots"):
+                dock.put_slots(step, list(range(COST_SLOTS)), prompts)
+            else:  # the per-cell layout wrote them in every row
+                dock.put(step, rows, {name: [v[s] for s, _ in rows] for name, v in prompts.items()})
+            words = [" ".join(f"w{int(x)}" for x in rng.integers(0, 1000, 40)) for _ in rows]
+            dock.put(step, rows, {"completion": [f"{w} so the answer is {n}" for n, w in enumerate(words)]})
+            batch = dock.dispatch("grader", len(rows), iteration=step)
+            assert batch.lease is not None
+            detail = {"components": {"numeric": 1.0}, "error": None}
+            dock.collect(batch.lease, {"reward": [1.0] * len(rows), "reward_detail": [detail] * len(rows)})
+        dock.close()
+        db = sqlite3.connect(path)
+        tables = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        sql_rows = sum(db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables if t != "dock_consumers")
+        db.execute("VACUUM")
+        db.close()
+        completions = steps * len(rows)
+        return {
+            "rows_per_completion": sql_rows / completions,
+            "bytes_per_completion": path.stat().st_size / completions,
+        }
+
+
+def storage_cost_before(ref: str = CELL_LAYOUT) -> dict[str, float] | None:
+    """:func:`storage_cost` run against the store of commit ``ref``; None when this clone lacks it."""
+    if not available(ref):
+        return None
+    with checkout(ref) as (env, _module):
+        code = "import json; from bench.dock_throughput import storage_cost; print(json.dumps(storage_cost()))"
+        pythonpath = f"{env['PYTHONPATH']}:{Path(__file__).resolve().parents[1]}"
+        done = subprocess.run(
+            [sys.executable, "-c", code], env={"PYTHONPATH": pythonpath}, capture_output=True, text=True, check=True
+        )
+    found: dict[str, float] = json.loads(done.stdout)
+    return found
+
+
+def cost_table(now: dict[str, float], before: dict[str, float] | None) -> str:
+    lines = [
+        f"| per graded completion ({COST_SLOTS} × {COST_GROUP} steps) | SQL rows written | bytes on disk |",
+        "|---|---:|---:|",
+    ]
+    if before is not None:
+        lines.append(
+            f"| a row per cell ({CELL_LAYOUT}) | {before['rows_per_completion']:.2f} | "
+            f"{before['bytes_per_completion']:,.0f} |"
+        )
+    lines.append(f"| column chunks | {now['rows_per_completion']:.2f} | {now['bytes_per_completion']:,.0f} |")
+    return "\n".join(lines)
+
+
 def table(results: Sequence[dict[str, Any]]) -> str:
     lines = [
         f"| {ROWS:,}-row steps, {TOKENS}-token completion_ids | written, rows/s | read, rows/s |",
@@ -91,8 +172,11 @@ def main(argv: Sequence[str] = ()) -> None:
     parser.add_argument("--steps", type=int, default=5, help="tables written and read per variant (median)")
     args = parser.parse_args(list(argv))
     results = run(args.steps)
-    save("dock_throughput", results)
+    cost, before = storage_cost(), storage_cost_before()
+    save("dock_throughput", {"throughput": results, "storage": {"chunks": cost, "cells": before}})
     print(table(results))
+    print()
+    print(cost_table(cost, before))
 
 
 if __name__ == "__main__":

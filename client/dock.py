@@ -60,7 +60,7 @@ class DockClient:
 
     # --- tables ---------------------------------------------------------------------------------------------
 
-    def open(self, iteration: int, *, slots: int, group_size: int) -> TableInfo:
+    def open(self, iteration: int, *, slots: int, group_size: int | None = None) -> TableInfo:
         body = _request(dw.OpenRequest, slots=slots, group_size=group_size)
         return self._call("PUT", f"/dock/tables/{iteration}", dw.TableBody, body).info()
 

@@ -1,9 +1,12 @@
 """``export_rollouts``: the experience store's kept steps as a file of rows, for analysis or rejection-sampling
 SFT (``datasets.load_dataset("parquet", data_files=...)`` or ``"json"`` reads it).
 
-One row per completion: ``iteration``, ``slot``, ``index``, then every column written in its table (the
-prompt's columns, the completion, its reward and reward detail, and any a role added). A cell not written
-is null. Arrays (token ids, log-probs) become lists. In parquet, values that are JSON objects or mixed lists
+One row per completion: ``table``, ``iteration``, ``slot``, ``index``, then every column written in its table
+(the prompt's columns, the completion, its reward and reward detail, and any a role added). A cell not
+written is null. A step's loose completions (table ``-(iteration + 1)``: graded outside the step's batch) have
+the step as ``iteration`` and the slot of its batch they answer, or null. Tables without a group size and
+tables of loose completions give only the rows that hold a completion; a table opened with a group size gives
+every row. Arrays (token ids, log-probs) become lists. In parquet, values that are JSON objects or mixed lists
 (``reference``, ``reward_detail``) are JSON text, so that every table has one schema however its records'
 fields vary; proctor's own columns are always there, with their types, in an export of no rows too (a file
 with the schema and no row groups, which ``datasets`` loads as 0 rows with ``streaming=True``: without it,
@@ -46,7 +49,7 @@ def export_rollouts(
     fmt = format or ("parquet" if path.suffix == ".parquet" else "jsonl")
     if fmt not in ("parquet", "jsonl"):
         raise ValueError(f"format must be 'parquet' or 'jsonl', got {fmt!r}")
-    tables = [t for t in dock.tables() if iterations is None or t.iteration in iterations]
+    tables = [t for t in dock.tables() if iterations is None or _step(t.iteration) in iterations]
     rows = (
         row
         for table in tables
@@ -69,16 +72,32 @@ def _source(sample_id: object) -> str | None:
     return sample_id.split(":", 1)[0] if isinstance(sample_id, str) else None
 
 
+def _step(table: int) -> int:
+    return table if table >= 0 else -table - 1
+
+
 def _rows(dock: TransferDock | DockClient, table: TableInfo) -> Iterator[dict[str, Any]]:
-    keys = [(s, k) for s in range(table.slots) for k in range(table.group_size)]
+    loose = table.iteration < 0
+    every = table.group_size is not None and not loose
+    keys = [(s, k) for s in range(table.slots) for k in range(table.group_size or table.width)]
     names = sorted(table.written)
     for start in range(0, len(keys), _ROWS_PER_READ):
         part = keys[start : start + _ROWS_PER_READ]
         values = dock.read(table.iteration, part, names, missing="none") if names else {}
         for n, (slot, index) in enumerate(part):
-            row: dict[str, Any] = {"iteration": table.iteration, "slot": slot, "index": index}
-            for name in names:
-                v = values[name][n]
+            if not every and values.get(col.COMPLETION, [None] * len(part))[n] is None:
+                continue  # a row that holds no completion: room for completions not written
+            cells = {name: values[name][n] for name in names}
+            step, step_slot = table.iteration, slot
+            if loose:
+                step, step_slot = cells.pop(col.STEP, step), cells.pop(col.STEP_SLOT, -1)
+            row: dict[str, Any] = {
+                "table": table.iteration,
+                "iteration": step,
+                "slot": None if step_slot is None or step_slot < 0 else step_slot,
+                "index": index,
+            }
+            for name, v in cells.items():
                 row[name] = v.tolist() if isinstance(v, np.ndarray) else v
             yield row
 
@@ -90,6 +109,7 @@ def _write_parquet(rows: Iterable[dict[str, Any]], path: Path) -> int:
     except ImportError:
         raise ValueError("parquet needs pyarrow (pip install pyarrow), or export JSON lines") from None
     known = {
+        "table": pa.int64(),
         "iteration": pa.int64(),
         "slot": pa.int64(),
         "index": pa.int64(),

@@ -1,7 +1,7 @@
 """The columns of a GRPO step's rows that proctor's own roles write and read, and the grader role.
 
-The dataserver fills the prompt's columns when a step that it sampled has its table opened; a trainer
-writes each completion; the grader role (the dataserver's pool, or ``proctor grade-worker`` processes
+The dataserver opens a step's table when it samples it, with the prompt's columns filled; a trainer (or
+``/grade``) writes each completion; the grader role (the dataserver's pool, or ``proctor grade-worker`` processes
 anywhere) reads both and writes the reward. Any other role adds columns of its own.
 """
 
@@ -23,11 +23,14 @@ __all__ = [
     "REWARD_DETAIL",
     "SAMPLE_ID",
     "STAGE",
+    "STEP",
+    "STEP_SLOT",
+    "loose_table",
     "parse_reward_detail",
     "reward_detail",
 ]
 
-# Written by the dataserver when the table of a step it sampled is opened, for every row of each slot.
+# Written by the dataserver per slot (shared by the slot's rows) when it samples a step and opens its table.
 SAMPLE_ID = "sample_id"
 """The prompt's sample id, as ``/sample`` served it in that slot."""
 PROMPT = "prompt"
@@ -36,6 +39,13 @@ REFERENCE = "reference"
 """What graders compare with: ``{"answer": str | None, "metadata": {...}}`` from the record."""
 STAGE = "stage"
 """The curriculum stage that served the step."""
+
+# Written per slot in a table of loose completions (a negative iteration): where each slot's completions
+# belong, since its slots are not the step's.
+STEP = "step"
+"""The generation step the completions were graded for."""
+STEP_SLOT = "step_slot"
+"""The slot of that step's batch the completions answer, or -1 when the record was not served in it."""
 
 # Written by the trainer (or ``/grade``), one per completion.
 COMPLETION = "completion"
@@ -57,6 +67,13 @@ GRADER = Consumer(
     produces=(REWARD, REWARD_DETAIL),
 )
 """The grader role, as the dataserver registers it."""
+
+
+def loose_table(step: int) -> int:
+    """The table that holds step ``step``'s loose completions: those that fill none of its slots (graded
+    outside a training step, for a record it did not serve, or a completion other than the one its row
+    holds)."""
+    return -step - 1
 
 
 def reward_detail(components: Mapping[str, float], error: str | None) -> dict[str, Any]:

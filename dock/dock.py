@@ -2,8 +2,11 @@
 produce and consume it.
 
 One table per generation step (``iteration``) of ``slots × group_size`` rows: row ``(slot, index)`` is the
-``index``-th completion of the prompt in ``slot`` of that step's batch. Columns are named and each cell is
+``index``-th completion of the prompt in ``slot`` of that step's batch. The group size may be left open when the
+table is opened (the dataserver opens a step's table when it samples it, before anyone says how many
+completions a prompt gets); a prompt's rows are then those written so far. Columns are named and each cell is
 written once (writing the same value again is a no-op, so a retried write is safe; another value is refused).
+A column is written per row, or per slot (a value every row of the slot shares, such as its prompt).
 
 Consumers are named roles that declare the columns they need (and may write). ``dispatch`` hands a consumer
 up to ``count`` rows whose needed columns are all written and that it has not consumed, under a *lease*: no
@@ -22,6 +25,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +44,7 @@ from proctor.dock.errors import (
     UnknownConsumerError,
     UnknownIterationError,
 )
-from proctor.dock.persistence import DockTables, Lease, StoredTable
+from proctor.dock.persistence import DockTables, Lease, StoredTable, pack_cells, unpack_cells
 from proctor.dock.values import Value, decode_cell, encode_cell
 
 __all__ = ["Collected", "Consumer", "Consumption", "Dispatch", "DockLimits", "RowKey", "TableInfo", "TransferDock"]
@@ -82,13 +86,16 @@ class Consumer:
 class TableInfo:
     iteration: int
     slots: int
-    group_size: int
+    group_size: int | None
+    """Completions per prompt; None until a writer that knows it opens the table with it."""
     written: Mapping[str, int]
-    """Cells written so far, per column."""
+    """Rows whose cell is written so far, per column."""
+    width: int = 0
+    """Rows per slot so far: the group size, or one past the highest completion index written."""
 
     @property
     def rows(self) -> int:
-        return self.slots * self.group_size
+        return self.slots * (self.group_size if self.group_size is not None else self.width)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,29 +145,96 @@ class Consumption:
         return self.consumed == self.rows
 
 
+Index = npt.NDArray[np.int64]
+_CHUNK_CACHE_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class _Column:
+    """Where each written cell of one column is: its chunk (0 when not written) and its position there.
+    A column written per slot holds one cell per slot, shared by the slot's rows."""
+
+    per_slot: bool
+    chunk: Index
+    pos: npt.NDArray[np.int32]
+
+    def written(self, width: int) -> npt.NDArray[np.bool_]:
+        """The written rows, as a ``slots × width`` mask."""
+        mask = self.chunk != 0
+        return np.repeat(mask[:, None], width, axis=1) if self.per_slot else mask
+
+
 @dataclass(slots=True)
 class _Table:
-    info: StoredTable
-    written: dict[str, npt.NDArray[np.bool_]]
+    iteration: int
+    slots: int
+    group_size: int | None
+    width: int
+    """Rows per slot so far: the group size, or (while it is not set) one past the highest index written."""
+    columns: dict[str, _Column]
     consumed: dict[str, npt.NDArray[np.bool_]]
     held: dict[str, npt.NDArray[np.bool_]]
 
     @property
     def rows(self) -> int:
-        return self.info.slots * self.info.group_size
+        return self.slots * self.width
+
+    def stored(self) -> StoredTable:
+        return StoredTable(self.iteration, self.slots, self.group_size)
+
+    def grow(self, slots: int, width: int) -> None:
+        """Make room for ``slots × width`` rows; new rows start unwritten, unconsumed and unheld."""
+        slots, width = max(slots, self.slots), max(width, self.width)
+        if (slots, width) == (self.slots, self.width):
+            return
+        for column in self.columns.values():
+            pad = ((0, slots - self.slots),) if column.per_slot else ((0, slots - self.slots), (0, width - self.width))
+            column.chunk = np.pad(column.chunk, pad)
+            column.pos = np.pad(column.pos, pad)
+        for masks in (self.consumed, self.held):
+            for name, mask in masks.items():
+                masks[name] = np.pad(mask, ((0, slots - self.slots), (0, width - self.width)))
+        self.slots, self.width = slots, width
 
     def mask(self, masks: dict[str, npt.NDArray[np.bool_]], name: str) -> npt.NDArray[np.bool_]:
         """The mask of ``name``, created (all False) on first use: only for a change about to be made, so that
         names a caller merely asks about take no memory."""
         found = masks.get(name)
         if found is None:
-            found = masks[name] = np.zeros(self.rows, dtype=bool)
+            found = masks[name] = np.zeros((self.slots, self.width), dtype=bool)
         return found
 
     def peek(self, masks: dict[str, npt.NDArray[np.bool_]], name: str) -> npt.NDArray[np.bool_]:
         """The mask of ``name`` to read (all False when there is none); never stored."""
         found = masks.get(name)
-        return found if found is not None else np.zeros(self.rows, dtype=bool)
+        if found is None:
+            return np.zeros((self.slots, self.width), dtype=bool)
+        return found
+
+    def written(self, name: str) -> npt.NDArray[np.bool_]:
+        column = self.columns.get(name)
+        return column.written(self.width) if column is not None else np.zeros((self.slots, self.width), dtype=bool)
+
+    def column(self, name: str, per_slot: bool) -> _Column:
+        found = self.columns.get(name)
+        if found is None:
+            shape = (self.slots,) if per_slot else (self.slots, self.width)
+            found = self.columns[name] = _Column(per_slot, np.zeros(shape, np.int64), np.zeros(shape, np.int32))
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Fresh:
+    """One column's cells of a write that are not written yet, encoded."""
+
+    slots: Index
+    indices: Index | None
+    cells: list[bytes]
+
+
+def _age(iteration: int) -> tuple[int, bool]:
+    """Tables in the order of the steps they belong to: a step's table, then its table of loose rows."""
+    return (iteration, False) if iteration >= 0 else (-iteration - 1, True)
 
 
 class TransferDock:
@@ -168,7 +242,7 @@ class TransferDock:
 
     Args:
         path: the SQLite file (the dataserver passes its state file).
-        keep_iterations: tables kept; opening one more drops the oldest.
+        keep_iterations: tables kept (of steps, and as many of loose rows); opening one more drops the oldest.
         clock: wall-clock seconds, for lease expiry (a lease outlives a restart, so not a monotonic clock).
     """
 
@@ -192,29 +266,35 @@ class TransferDock:
         self._consumers: dict[str, Consumer] = {}
         self._leases: dict[str, Lease] = {}  # every lease of the tables kept, by token
         self._live: dict[str, Lease] = {}  # those still held: the ones expiry has to look at
+        self._chunks: OrderedDict[int, bytes] = OrderedDict()  # recently written or read chunks' cells
+        self._chunk_bytes = 0
         self._load()
 
     def _load(self) -> None:
         for info in self._db.tables():
-            self._tables[info.iteration] = _Table(info, {}, {}, {})
-        for iteration, name, row in self._db.written():
-            table = self._tables.get(iteration)
-            if table is not None:
-                table.mask(table.written, name)[row] = True
+            self._tables[info.iteration] = _Table(
+                info.iteration, info.slots, info.group_size, info.group_size or 0, {}, {}, {}
+            )
+        for chunk in self._db.chunks():
+            table = self._tables.get(chunk.iteration)
+            if table is None:
+                continue
+            if chunk.indices is not None and len(chunk.indices):
+                table.grow(table.slots, int(chunk.indices.max()) + 1)
+            self._place(table, chunk.name, chunk.slots, chunk.indices, chunk.id)
         for name, needs, produces, dispatch_size in self._db.consumers():
             self._consumers[name] = Consumer(name, needs, produces, dispatch_size)
-        for consumer, iteration, row in self._db.consumed():
-            table = self._tables.get(iteration)
-            if table is not None:
-                table.mask(table.consumed, consumer)[row] = True
         for lease in self._db.leases():
             table = self._tables.get(lease.iteration)
             if table is None:
                 continue
             self._leases[lease.lease] = lease
+            where = (lease.slots, lease.indices)
             if lease.state == "held":
                 self._live[lease.lease] = lease
-                table.mask(table.held, lease.consumer)[lease.rows] = True
+                table.mask(table.held, lease.consumer)[where] = True
+            elif lease.state == "collected":
+                table.mask(table.consumed, lease.consumer)[where] = True
 
     def close(self) -> None:
         with self._lock:
@@ -222,57 +302,112 @@ class TransferDock:
 
     # --- tables ---------------------------------------------------------------------------------------------
 
-    def open(self, iteration: int, *, slots: int, group_size: int) -> TableInfo:
+    def open(self, iteration: int, *, slots: int, group_size: int | None = None) -> TableInfo:
         """Create the table of ``iteration`` (``slots`` prompts × ``group_size`` completions), or check that it
-        has that shape. Opening a table beyond ``keep_iterations`` drops the oldest."""
-        _check_count("iteration", iteration, 0, 2**62)
+        has that shape. Without ``group_size`` a prompt's rows are those written so far, until an opening
+        with a group size fixes it. Opening a table beyond ``keep_iterations`` drops the oldest.
+
+        A negative ``iteration`` names a table of loose rows (completions of step ``-iteration - 1`` that fit
+        none of its slots), kept beside the steps' tables and retained the same way."""
+        _check_count("iteration", iteration, -(2**62), 2**62)
         _check_count("slots", slots, 1, self.limits.max_slots)
-        _check_count("group_size", group_size, 1, self.limits.max_group_size)
-        if slots * group_size > self.limits.max_rows:
-            raise DockInputError(
-                "slots", f"{slots} × group_size {group_size} rows is above the store's {self.limits.max_rows} per table"
-            )
+        if group_size is not None:
+            _check_count("group_size", group_size, 1, self.limits.max_group_size)
+            if slots * group_size > self.limits.max_rows:
+                raise DockInputError(
+                    "slots",
+                    f"{slots} × group_size {group_size} rows is above the store's {self.limits.max_rows} per table",
+                )
         with self._lock:
             table = self._tables.get(iteration)
             if table is not None:
-                if (table.info.slots, table.info.group_size) != (slots, group_size):
-                    raise ShapeConflictError(
-                        f"iteration {iteration} is already open with {table.info.slots} slots × group_size "
-                        f"{table.info.group_size}, not {slots} × {group_size}; every writer of a step must agree"
-                    )
+                self._reshape(table, slots, group_size)
                 return self._info(table)
-            if self._tables and iteration < min(self._tables) and len(self._tables) >= self.keep_iterations:
+            same_kind = [i for i in self._tables if (i < 0) == (iteration < 0)]
+            if same_kind and _age(iteration) < min(map(_age, same_kind)) and len(same_kind) >= self.keep_iterations:
                 raise UnknownIterationError(
                     f"iteration {iteration} is older than every table kept (the store keeps the last "
                     f"{self.keep_iterations}); it was dropped by retention or comes too late"
                 )
-            info = StoredTable(iteration, slots, group_size)
-            kept = sorted([*self._tables, iteration])
+            table = _Table(iteration, slots, group_size, group_size or 0, {}, {}, {})
+            kept = sorted([*same_kind, iteration], key=_age)
             dropped = kept[: max(0, len(kept) - self.keep_iterations)]
             with self._db.transaction():
                 self._db.drop_tables(dropped)
-                self._db.add_table(info)
+                self._db.add_table(table.stored())
             for old in dropped:
                 del self._tables[old]
             if dropped:
                 gone = set(dropped)
                 self._leases = {k: v for k, v in self._leases.items() if v.iteration not in gone}
                 self._live = {k: v for k, v in self._live.items() if v.iteration not in gone}
-            table = self._tables[iteration] = _Table(info, {}, {}, {})
+            self._tables[iteration] = table
             return self._info(table)
+
+    def retains(self, iteration: int) -> bool:
+        """Whether the table of ``iteration`` is kept, or would be if opened now (retention refuses one older
+        than every table kept once they are ``keep_iterations``)."""
+        with self._lock:
+            if iteration in self._tables:
+                return True
+            same_kind = [i for i in self._tables if (i < 0) == (iteration < 0)]
+            return not (
+                same_kind and _age(iteration) < min(map(_age, same_kind)) and len(same_kind) >= self.keep_iterations
+            )
+
+    def _reshape(self, table: _Table, slots: int, group_size: int | None) -> None:
+        """Check an opening of an existing table against its shape; a first group size is set here."""
+        shape = f"{table.slots} slots × group_size {table.group_size}"
+        if table.slots != slots or (None not in (group_size, table.group_size) and group_size != table.group_size):
+            raise ShapeConflictError(
+                f"iteration {table.iteration} is already open with {shape}, not {slots} × {group_size}; every "
+                "writer of a step must agree"
+            )
+        if group_size is None or table.group_size is not None:
+            return
+        if table.width > group_size:
+            raise ShapeConflictError(
+                f"iteration {table.iteration} already holds completion index {table.width - 1}, so its group size "
+                f"cannot be {group_size}; every writer of a step must agree"
+            )
+        if slots * group_size > self.limits.max_rows:
+            raise DockInputError(
+                "slots", f"{slots} × group_size {group_size} rows is above the store's {self.limits.max_rows} per table"
+            )
+        table.group_size = group_size
+        with self._db.transaction():
+            self._db.set_shape(table.stored())
+        table.grow(slots, group_size)
+
+    def add_slots(self, iteration: int, count: int) -> int:
+        """Append ``count`` slots to a table (one of loose rows, say); returns the first new slot."""
+        _check_count("count", count, 1, self.limits.max_slots)
+        with self._lock:
+            table = self._table(iteration)
+            first = table.slots
+            if first + count > self.limits.max_slots:
+                raise DockInputError("count", f"{first} + {count} slots is above the store's {self.limits.max_slots}")
+            table.grow(first + count, table.width)
+            with self._db.transaction():
+                self._db.set_shape(table.stored())
+            return first
 
     def tables(self) -> list[TableInfo]:
         """The tables kept, oldest first."""
         with self._lock:
-            return [self._info(self._tables[i]) for i in sorted(self._tables)]
+            return [self._info(self._tables[i]) for i in sorted(self._tables, key=_age)]
 
     def table(self, iteration: int) -> TableInfo:
         with self._lock:
             return self._info(self._table(iteration))
 
     def _info(self, table: _Table) -> TableInfo:
-        written = {name: int(mask.sum()) for name, mask in sorted(table.written.items()) if mask.any()}
-        return TableInfo(table.info.iteration, table.info.slots, table.info.group_size, written)
+        written = {}
+        for name in sorted(table.columns):
+            count = int(table.written(name).sum())
+            if count:
+                written[name] = count
+        return TableInfo(table.iteration, table.slots, table.group_size, written, table.width)
 
     def _table(self, iteration: int) -> _Table:
         table = self._tables.get(iteration)
@@ -282,6 +417,11 @@ class TransferDock:
                 f"iteration {iteration} has no table (kept: {kept}); open it first, or it was dropped by retention"
             )
         return table
+
+    def size(self) -> tuple[int, int]:
+        """``(SQL rows, bytes of cells)`` stored: what the tables kept cost on disk."""
+        with self._lock:
+            return self._db.size()
 
     # --- consumers ------------------------------------------------------------------------------------------
 
@@ -333,11 +473,28 @@ class TransferDock:
         """Write cells: ``columns[name][k]`` is the value of column ``name`` in row ``rows[k]``. Never waits."""
         with self._lock:
             table = self._table(iteration)
-            index = self._rows(table, rows)
-            fresh = self._fresh_cells(table, index, columns)
-            with self._db.transaction():
-                self._store_cells(table, fresh)
-            self._mark_written(table, fresh)
+            slots, indices = self._rows(table, rows)
+            self._write(table, slots, indices, columns)
+
+    def put_slots(self, iteration: int, slots: Sequence[int], columns: Mapping[str, Sequence[Value]]) -> None:
+        """Write cells shared by every row of a slot (a prompt's text, say): ``columns[name][k]`` is the value
+        of column ``name`` in each row of slot ``slots[k]``. A column is written per slot or per row in a
+        table, never both. Never waits."""
+        with self._lock:
+            table = self._table(iteration)
+            self._write(table, self._slots(table, slots), None, columns)
+
+    def _write(
+        self, table: _Table, slots: Index, indices: Index | None, columns: Mapping[str, Sequence[Value]]
+    ) -> None:
+        fresh = self._fresh_cells(table, slots, indices, columns)
+        if indices is not None and len(indices):
+            top = int(indices.max()) + 1
+            if top > table.width:
+                table.grow(table.slots, top)
+        with self._db.transaction():
+            stored = self._store_cells(table, fresh)
+        self._mark_written(table, fresh, stored)
 
     def read(
         self,
@@ -353,25 +510,41 @@ class TransferDock:
             raise DockInputError("missing", f"{missing!r} is not 'error' or 'none'")
         with self._lock:
             table = self._table(iteration)
-            index = self._rows(table, rows)
+            slots, indices = self._rows(table, rows)
             for n, name in enumerate(columns):
                 _check_name(f"columns[{n}]", name)
                 if missing == "none":
                     continue
-                absent = ~table.peek(table.written, name)[index]
+                absent = ~self._written_at(table, name, slots, indices)
                 if absent.any():
-                    first = [_key(table, int(r)) for r in index[absent][:5]]
+                    first = [(int(s), int(k)) for s, k in zip(slots[absent][:5], indices[absent][:5], strict=True)]
                     raise CellsMissingError(
                         f"column {name!r} is not written in {int(absent.sum())} of the rows asked for "
                         f"(the first: {first}); read them once written, or dispatch them to wait for readiness"
                     )
-            return self._values(table, index, columns)
+            return self._values(table, slots, indices, columns)
 
-    def _rows(self, table: _Table, rows: Sequence[RowKey]) -> npt.NDArray[np.int64]:
+    def _written_at(self, table: _Table, name: str, slots: Index, indices: Index) -> npt.NDArray[np.bool_]:
+        column = table.columns.get(name)
+        if column is None:
+            return np.zeros(len(slots), dtype=bool)
+        if column.per_slot:
+            found: npt.NDArray[np.bool_] = column.chunk[slots] != 0
+            return found
+        inside = indices < table.width
+        out = np.zeros(len(slots), dtype=bool)
+        out[inside] = column.chunk[slots[inside], indices[inside]] != 0
+        return out
+
+    def _capacity(self, table: _Table) -> int:
+        return table.group_size if table.group_size is not None else self.limits.max_group_size
+
+    def _rows(self, table: _Table, rows: Sequence[RowKey]) -> tuple[Index, Index]:
         if len(rows) > self.limits.max_rows_per_call:
             raise DockInputError("rows", f"{len(rows)} rows; at most {self.limits.max_rows_per_call} per call")
-        slots, group = table.info.slots, table.info.group_size
-        index = np.empty(len(rows), dtype=np.int64)
+        capacity = self._capacity(table)
+        slots = np.empty(len(rows), dtype=np.int64)
+        indices = np.empty(len(rows), dtype=np.int64)
         for n, row in enumerate(rows):
             try:
                 slot, k = row
@@ -379,64 +552,152 @@ class TransferDock:
                 raise DockInputError(f"rows[{n}]", f"{row!r} is not a (slot, index) pair") from None
             if not all(isinstance(x, int) and not isinstance(x, bool) for x in (slot, k)):
                 raise DockInputError(f"rows[{n}]", f"{row!r} is not a (slot, index) pair of integers")
-            if not (0 <= slot < slots and 0 <= k < group):
+            if not (0 <= slot < table.slots and 0 <= k < capacity):
                 raise DockInputError(
                     f"rows[{n}]",
-                    f"({slot}, {k}) is outside iteration {table.info.iteration}'s table of {slots} slots × "
-                    f"group_size {group}",
+                    f"({slot}, {k}) is outside iteration {table.iteration}'s table of {table.slots} slots × "
+                    + (f"group_size {table.group_size}" if table.group_size is not None else f"{capacity} indices"),
                 )
-            index[n] = slot * group + k
-        if len(np.unique(index)) != len(index):
+            slots[n], indices[n] = slot, k
+        if len(np.unique(slots * capacity + indices)) != len(rows):
             raise DockInputError("rows", "a row appears twice; give each row once")
-        return index
+        return slots, indices
+
+    def _slots(self, table: _Table, slots: Sequence[int]) -> Index:
+        if len(slots) > self.limits.max_rows_per_call:
+            raise DockInputError("slots", f"{len(slots)} slots; at most {self.limits.max_rows_per_call} per call")
+        out = np.empty(len(slots), dtype=np.int64)
+        for n, slot in enumerate(slots):
+            if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < table.slots:
+                raise DockInputError(
+                    f"slots[{n}]", f"{slot!r} is not a slot of iteration {table.iteration}'s {table.slots}"
+                )
+            out[n] = slot
+        if len(np.unique(out)) != len(out):
+            raise DockInputError("slots", "a slot appears twice; give each slot once")
+        return out
 
     def _fresh_cells(
-        self, table: _Table, index: npt.NDArray[np.int64], columns: Mapping[str, Sequence[Value]]
-    ) -> dict[str, list[tuple[int, bytes]]]:
+        self, table: _Table, slots: Index, indices: Index | None, columns: Mapping[str, Sequence[Value]]
+    ) -> dict[str, _Fresh]:
         """The cells to write, encoded, per column: those not written yet. A cell written before must hold the
         same value (a retried write), or nothing is written at all."""
         if len(columns) > self.limits.max_columns:
             raise DockInputError("columns", f"{len(columns)} columns; at most {self.limits.max_columns} per call")
-        encoded: dict[str, list[bytes]] = {}
+        per_slot = indices is None
+        fresh: dict[str, _Fresh] = {}
         for name, values in columns.items():
             _check_name(f"columns.{name}", name)
-            if len(values) != len(index):
-                raise DockInputError(f"columns.{name}", f"{len(values)} values for {len(index)} rows; send one per row")
-            encoded[name] = [encode_cell(f"columns.{name}[{n}]", v) for n, v in enumerate(values)]
-        iteration = table.info.iteration
-        fresh: dict[str, list[tuple[int, bytes]]] = {}
-        for name, cells in encoded.items():
-            written = table.peek(table.written, name)
-            again = [n for n in range(len(index)) if written[index[n]]]
-            if again:
-                stored = self._db.cells(iteration, name, [int(index[n]) for n in again])
-                for n in again:
-                    if stored.get(int(index[n])) != cells[n]:
+            if len(values) != len(slots):
+                raise DockInputError(f"columns.{name}", f"{len(values)} values for {len(slots)} rows; send one per row")
+            cells = [encode_cell(f"columns.{name}[{n}]", v) for n, v in enumerate(values)]
+            column = table.columns.get(name)
+            if column is not None and column.per_slot != per_slot:
+                kind = "per slot" if column.per_slot else "per row"
+                raise DockInputError(
+                    f"columns.{name}",
+                    f"iteration {table.iteration} holds {name!r} {kind}; write it {kind} (a column is written one "
+                    "way in a table)",
+                )
+            if indices is None:
+                written = self._written_at(table, name, slots, slots)
+            else:
+                written = self._written_at(table, name, slots, indices)
+            again = np.flatnonzero(written)
+            if len(again):
+                s = slots[again]
+                stored = self._stored(table, name, s, None if indices is None else indices[again])
+                for n, before in zip(again, stored, strict=True):
+                    if before != cells[n]:
+                        where = f"slot {slots[n]}" if indices is None else f"row ({slots[n]}, {indices[n]})"
                         raise CellConflictError(
-                            f"column {name!r} of row {_key(table, int(index[n]))} in iteration {iteration} is "
-                            "already written with another value; each column is written once per row"
+                            f"column {name!r} of {where} in iteration {table.iteration} is already written "
+                            "with another value; each column is written once per row"
                         )
-            fresh[name] = [(int(index[n]), cells[n]) for n in range(len(index)) if not written[index[n]]]
+            new = np.flatnonzero(~written)
+            fresh[name] = _Fresh(slots[new], None if indices is None else indices[new], [cells[int(n)] for n in new])
         return fresh
 
-    def _store_cells(self, table: _Table, fresh: Mapping[str, list[tuple[int, bytes]]]) -> None:
-        """Write :meth:`_fresh_cells`' cells, inside the caller's transaction."""
-        for name, cells in fresh.items():
-            self._db.write_cells(table.info.iteration, name, cells)
+    def _store_cells(self, table: _Table, fresh: Mapping[str, _Fresh]) -> dict[str, int]:
+        """Write :meth:`_fresh_cells`' cells, a chunk per column, inside the caller's transaction."""
+        ids = {}
+        for name, f in fresh.items():
+            if f.cells:
+                blob = pack_cells(f.cells)
+                ids[name] = self._db.add_chunk(table.iteration, name, f.slots, f.indices, blob)
+                self._cache(ids[name], blob)
+        return ids
 
-    def _mark_written(self, table: _Table, fresh: Mapping[str, list[tuple[int, bytes]]]) -> None:
-        """Record :meth:`_store_cells`' cells as written, once their transaction has committed."""
-        for name, cells in fresh.items():
-            if cells:
-                table.mask(table.written, name)[[row for row, _ in cells]] = True
+    def _mark_written(self, table: _Table, fresh: Mapping[str, _Fresh], ids: Mapping[str, int]) -> None:
+        """Record :meth:`_store_cells`' chunks as written, once their transaction has committed."""
+        for name, f in fresh.items():
+            if name in ids:
+                self._place(table, name, f.slots, f.indices, ids[name])
 
-    def _values(self, table: _Table, index: npt.NDArray[np.int64], columns: Sequence[str]) -> dict[str, list[Value]]:
-        out: dict[str, list[Value]] = {}
-        rows = [int(r) for r in index]
-        for name in columns:
-            cells = self._db.cells(table.info.iteration, name, rows)
-            out[name] = [decode_cell(cell) if (cell := cells.get(r)) is not None else None for r in rows]
+    def _place(
+        self,
+        table: _Table,
+        name: str,
+        slots: Index | npt.NDArray[np.int32],
+        indices: Index | npt.NDArray[np.int32] | None,
+        chunk: int,
+    ) -> None:
+        column = table.column(name, indices is None)
+        where = slots if indices is None else (slots, indices)
+        column.chunk[where] = chunk
+        column.pos[where] = np.arange(len(slots), dtype=np.int32)
+
+    def _cache(self, chunk: int, blob: bytes) -> None:
+        self._chunks[chunk] = blob
+        self._chunk_bytes += len(blob)
+        while self._chunk_bytes > _CHUNK_CACHE_BYTES and len(self._chunks) > 1:
+            _, old = self._chunks.popitem(last=False)
+            self._chunk_bytes -= len(old)
+
+    def _blobs(self, chunks: Iterable[int]) -> dict[int, bytes]:
+        out: dict[int, bytes] = {}
+        absent = []
+        for c in chunks:
+            blob = self._chunks.get(c)
+            if blob is None:
+                absent.append(c)
+            else:
+                self._chunks.move_to_end(c)
+                out[c] = blob
+        if absent:
+            for c, blob in self._db.cells(absent).items():
+                out[c] = blob
+                self._cache(c, blob)
         return out
+
+    def _stored(self, table: _Table, name: str, slots: Index, indices: Index | None) -> list[bytes | None]:
+        """The stored bytes of one column's cells (None where not written)."""
+        column = table.columns.get(name)
+        if column is None:
+            return [None] * len(slots)
+        if column.per_slot or indices is None:
+            where: Any = slots
+        else:
+            inside = indices < table.width
+            where = (np.where(inside, slots, 0), np.where(inside, indices, 0))
+        chunks = np.where(column.per_slot or indices is None or (indices < table.width), column.chunk[where], 0)
+        positions = column.pos[where]
+        blobs = self._blobs(int(c) for c in np.unique(chunks) if c)
+        by_chunk: dict[int, list[int]] = {}
+        for n, c in enumerate(chunks):
+            if c:
+                by_chunk.setdefault(int(c), []).append(n)
+        out: list[bytes | None] = [None] * len(slots)
+        for c, ns in by_chunk.items():
+            for n, cell in zip(ns, unpack_cells(blobs[c], [int(positions[n]) for n in ns]), strict=True):
+                out[n] = cell
+        return out
+
+    def _values(self, table: _Table, slots: Index, indices: Index, columns: Sequence[str]) -> dict[str, list[Value]]:
+        return {
+            name: [None if cell is None else decode_cell(cell) for cell in self._stored(table, name, slots, indices)]
+            for name in columns
+        }
 
     # --- consuming ------------------------------------------------------------------------------------------
 
@@ -462,8 +723,7 @@ class TransferDock:
         seconds. Never waits: with no row ready, the dispatch is empty.
         """
         _check_count("dp_size", dp_size, 1, 4096)
-        if not (0 < lease_s <= self.limits.max_lease_s):
-            raise DockInputError("lease_s", f"{lease_s} is outside (0, {self.limits.max_lease_s:g}] seconds")
+        self._check_lease_s(lease_s)
         if groups and balance_by is not None:
             raise DockInputError(
                 "balance_by", "groups keeps a prompt's completions together and balance_by splits rows; ask for one"
@@ -482,59 +742,96 @@ class TransferDock:
             self._expire(now)
             if iteration is not None:
                 candidates = [self._table(iteration)]
+                if groups and candidates[0].group_size is None:
+                    raise DockInputError(
+                        "groups", f"iteration {iteration} has no group_size yet; open it with one to hand out groups"
+                    )
             else:
-                candidates = [self._tables[i] for i in sorted(self._tables)]
+                candidates = [self._tables[i] for i in sorted(self._tables, key=_age)]
+                if groups:
+                    candidates = [t for t in candidates if t.group_size is not None]
             for table in candidates:
-                chosen = self._choose(table, c, want, groups)
-                if len(chosen):
+                slots, indices = self._choose(table, c, want, groups)
+                if len(slots):
                     return self._claim(
-                        table, c, chosen, now + lease_s, dp_size, groups, balance_by, max_tokens_per_microbatch
+                        table, c, slots, indices, now + lease_s, dp_size, groups, balance_by, max_tokens_per_microbatch
                     )
             return Dispatch(consumer, iteration, None, None, (), {}, ())
+
+    def claim(self, consumer: str, iteration: int, rows: Sequence[RowKey], *, lease_s: float = 60.0) -> Dispatch:
+        """Lease exactly those of ``rows`` that are ready for ``consumer`` (in the order given); the others
+        (held by another caller, consumed, or not ready) are left out. Never waits."""
+        self._check_lease_s(lease_s)
+        with self._lock:
+            c = self._consumer(consumer)
+            table = self._table(iteration)
+            slots, indices = self._rows(table, rows)
+            now = self._clock()
+            self._expire(now)
+            inside = indices < table.width
+            ready = np.zeros(len(slots), dtype=bool)
+            ready[inside] = self._ready(table, c)[slots[inside], indices[inside]]
+            if not ready.any():
+                return Dispatch(consumer, iteration, None, None, (), {}, ())
+            return self._claim(table, c, slots[ready], indices[ready], now + lease_s, 1, False, None, None)
+
+    def _check_lease_s(self, lease_s: float) -> None:
+        if not (0 < lease_s <= self.limits.max_lease_s):
+            raise DockInputError("lease_s", f"{lease_s} is outside (0, {self.limits.max_lease_s:g}] seconds")
 
     def _ready(self, table: _Table, c: Consumer) -> npt.NDArray[np.bool_]:
         ready = ~table.peek(table.consumed, c.name) & ~table.peek(table.held, c.name)
         for name in c.needs:
-            ready &= table.peek(table.written, name)
+            ready &= table.written(name)
         return ready
 
-    def _choose(self, table: _Table, c: Consumer, want: int, groups: bool) -> npt.NDArray[np.int64]:
+    def _choose(self, table: _Table, c: Consumer, want: int, groups: bool) -> tuple[Index, Index]:
         ready = self._ready(table, c)
         if not groups:
-            return np.flatnonzero(ready)[:want].astype(np.int64)
-        g = table.info.group_size
+            flat = np.flatnonzero(ready)[:want]
+            return (flat // table.width).astype(np.int64), (flat % table.width).astype(np.int64)
+        g = table.width
         if want % g:
             raise DockInputError(
                 "count",
-                f"{want} is not a multiple of iteration {table.info.iteration}'s group_size {g}; "
+                f"{want} is not a multiple of iteration {table.iteration}'s group_size {g}; "
                 "with groups, ask for whole groups",
             )
-        whole = np.flatnonzero(ready.reshape(table.info.slots, g).all(axis=1))[: want // g]
-        return (whole[:, None] * g + np.arange(g)[None, :]).reshape(-1).astype(np.int64)
+        whole = np.flatnonzero(ready.all(axis=1))[: want // g].astype(np.int64)
+        return np.repeat(whole, g), np.tile(np.arange(g, dtype=np.int64), len(whole))
 
     def _claim(
         self,
         table: _Table,
         c: Consumer,
-        index: npt.NDArray[np.int64],
+        slots: Index,
+        indices: Index,
         expires_at: float,
         dp_size: int,
         groups: bool,
         balance_by: str | None,
         max_tokens: int | None,
     ) -> Dispatch:
-        values = self._values(table, index, c.needs)
+        values = self._values(table, slots, indices, c.needs)
         if balance_by is not None:
             parts = _balanced(values[balance_by], dp_size, max_tokens)
         else:
-            parts = _parts(len(index), dp_size, table.info.group_size if groups else 1)
-        lease = Lease(secrets.token_hex(16), c.name, table.info.iteration, index, expires_at, "held")
+            parts = _parts(len(slots), dp_size, table.width if groups else 1)
+        lease = Lease(
+            secrets.token_hex(16),
+            c.name,
+            table.iteration,
+            slots.astype(np.int32),
+            indices.astype(np.int32),
+            expires_at,
+            "held",
+        )
         with self._db.transaction():
             self._db.add_lease(lease)
         self._leases[lease.lease] = self._live[lease.lease] = lease
-        table.mask(table.held, c.name)[index] = True
-        rows = tuple(_key(table, int(r)) for r in index)
-        return Dispatch(c.name, table.info.iteration, lease.lease, expires_at, rows, values, parts)
+        table.mask(table.held, c.name)[slots, indices] = True
+        rows = tuple(zip(slots.tolist(), indices.tolist(), strict=True))
+        return Dispatch(c.name, table.iteration, lease.lease, expires_at, rows, values, parts)
 
     def _expire(self, now: float) -> None:
         """Return the rows of every lease past its expiry to the pool."""
@@ -548,7 +845,7 @@ class TransferDock:
             lease.state = "expired"
             del self._live[lease.lease]
             table = self._tables[lease.iteration]  # a lease leaves _live when its table is dropped
-            table.mask(table.held, lease.consumer)[lease.rows] = False
+            table.mask(table.held, lease.consumer)[lease.slots, lease.indices] = False
 
     def _lease(self, token: str, now: float) -> Lease:
         lease = self._leases.get(token)
@@ -582,31 +879,31 @@ class TransferDock:
                     "consumer, or another name, to write other columns)",
                 )
             table = self._table(held.iteration)
-            fresh = self._fresh_cells(table, held.rows, columns)
-            collected = Collected(c.name, table.info.iteration, tuple(_key(table, int(r)) for r in held.rows))
+            slots, indices = held.slots.astype(np.int64), held.indices.astype(np.int64)
+            fresh = self._fresh_cells(table, slots, indices, columns)
+            rows = tuple(zip(slots.tolist(), indices.tolist(), strict=True))
+            collected = Collected(c.name, table.iteration, rows)
             if held.state == "collected":  # a retry: the values it repeats were checked just above
-                if any(fresh.values()):
+                if any(f.cells for f in fresh.values()):
                     with self._db.transaction():
-                        self._store_cells(table, fresh)
-                    self._mark_written(table, fresh)
+                        stored = self._store_cells(table, fresh)
+                    self._mark_written(table, fresh, stored)
                 return collected
             # The results and the consumption in one transaction: a crash between them would leave rows whose
             # results are written but that are still leased, and then handed to another worker.
             with self._db.transaction():
-                self._store_cells(table, fresh)
-                self._db.mark_consumed(c.name, table.info.iteration, held.rows)
+                stored = self._store_cells(table, fresh)
                 self._db.set_lease(lease, state="collected", expires_at=held.expires_at)
-            self._mark_written(table, fresh)
+            self._mark_written(table, fresh, stored)
             held.state = "collected"
             del self._live[lease]
-            table.mask(table.consumed, c.name)[held.rows] = True
-            table.mask(table.held, c.name)[held.rows] = False
+            table.mask(table.consumed, c.name)[slots, indices] = True
+            table.mask(table.held, c.name)[slots, indices] = False
             return collected
 
     def renew(self, lease: str, lease_s: float = 60.0) -> float:
         """Extend a live lease to ``lease_s`` seconds from now; returns its new expiry."""
-        if not (0 < lease_s <= self.limits.max_lease_s):
-            raise DockInputError("lease_s", f"{lease_s} is outside (0, {self.limits.max_lease_s:g}] seconds")
+        self._check_lease_s(lease_s)
         with self._lock:
             now = self._clock()
             held = self._lease(lease, now)
@@ -632,14 +929,20 @@ class TransferDock:
                 int(self._ready(table, c).sum()),
             )
 
+    def claimed(self, consumer: str, iteration: int, rows: Sequence[RowKey]) -> int:
+        """How many of ``rows`` ``consumer`` holds under a live lease or has consumed."""
+        with self._lock:
+            table = self._table(iteration)
+            slots, indices = self._rows(table, rows)
+            self._expire(self._clock())
+            inside = indices < table.width
+            s, k = slots[inside], indices[inside]
+            taken = table.peek(table.consumed, consumer)[s, k] | table.peek(table.held, consumer)[s, k]
+            return int(taken.sum())
+
     def all_consumed(self, consumer: str, iteration: int) -> bool:
         """Whether ``consumer`` has collected every row of ``iteration``'s table."""
         return self.consumption(consumer, iteration).all_consumed
-
-
-def _key(table: _Table, row: int) -> RowKey:
-    slot, k = divmod(row, table.info.group_size)
-    return (slot, k)
 
 
 def _check_count(field: str, value: Any, low: int, high: int) -> None:

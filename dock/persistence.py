@@ -3,14 +3,20 @@
 Every change the store acknowledges is one committed transaction (WAL mode), so nothing acknowledged is lost.
 The tables live in the dataserver's state file beside its own (a connection of the store's own), or in a file
 of their own for an in-process store.
+
+Cells are stored in *chunks*: one SQL row per column per write, holding that write's cells of the column and
+the rows they belong to (``python -m bench dock_throughput`` measures rows and bytes per completion). A
+row's consumption by a consumer is the collected lease that held it, so consuming writes no row per cell
+either.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import struct
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,23 +25,24 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DockTables", "Lease", "StoredTable"]
+__all__ = ["Chunk", "DockTables", "Lease", "StoredTable", "pack_cells", "unpack_cells"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS dock_tables (
     iteration INTEGER PRIMARY KEY,
     slots INTEGER NOT NULL,
-    group_size INTEGER NOT NULL,
+    group_size INTEGER,
     created_at REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS dock_cells (
+CREATE TABLE IF NOT EXISTS dock_chunks (
     id INTEGER PRIMARY KEY,
     iteration INTEGER NOT NULL,
     name TEXT NOT NULL,
-    row INTEGER NOT NULL,
-    value BLOB NOT NULL,
-    UNIQUE (iteration, name, row)
+    slots BLOB NOT NULL,
+    indices BLOB,
+    cells BLOB NOT NULL
 );
+CREATE INDEX IF NOT EXISTS dock_chunks_by_iteration ON dock_chunks (iteration);
 CREATE TABLE IF NOT EXISTS dock_consumers (
     name TEXT PRIMARY KEY,
     needs TEXT NOT NULL,
@@ -46,41 +53,81 @@ CREATE TABLE IF NOT EXISTS dock_leases (
     lease TEXT PRIMARY KEY,
     consumer TEXT NOT NULL,
     iteration INTEGER NOT NULL,
-    rows BLOB NOT NULL,
+    slots BLOB NOT NULL,
+    indices BLOB NOT NULL,
     expires_at REAL NOT NULL,
     state TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS dock_leases_by_iteration ON dock_leases (iteration);
-CREATE TABLE IF NOT EXISTS dock_consumed (
-    consumer TEXT NOT NULL,
-    iteration INTEGER NOT NULL,
-    row INTEGER NOT NULL,
-    PRIMARY KEY (consumer, iteration, row)
-) WITHOUT ROWID;
 """
 
-_CELLS_PER_STATEMENT = 500  # 4 values each: far below SQLite's limit of 32,766 bound values
+# The layout before chunks: a SQL row per cell and per consumed row, rows numbered slot × group_size + index.
+_CELL_LAYOUT = """
+ALTER TABLE dock_tables RENAME TO dock_tables_cells;
+ALTER TABLE dock_leases RENAME TO dock_leases_cells;
+"""
 
 LeaseState = Literal["held", "collected", "expired"]
+Int32s = npt.NDArray[np.int32]
 
 
 @dataclass(frozen=True, slots=True)
 class StoredTable:
     iteration: int
     slots: int
-    group_size: int
+    group_size: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Where one write's cells of one column went: their slots, and their indices (None for a column written
+    per slot)."""
+
+    id: int
+    iteration: int
+    name: str
+    slots: Int32s
+    indices: Int32s | None
 
 
 @dataclass(slots=True)
 class Lease:
-    """A claim on rows for one consumer; the store keeps it in memory as it is stored, and updates both."""
+    """A claim on rows ``(slots[n], indices[n])`` for one consumer; the store keeps it in memory as it is
+    stored, and updates both."""
 
     lease: str
     consumer: str
     iteration: int
-    rows: npt.NDArray[np.int64]
+    slots: Int32s
+    indices: Int32s
     expires_at: float
     state: LeaseState
+
+
+def pack_cells(cells: Sequence[bytes]) -> bytes:
+    """Encoded cells in one blob: their count, their end offsets, then their bytes."""
+    ends = np.cumsum([len(c) for c in cells], dtype=np.int64)
+    return struct.pack("<I", len(cells)) + ends.astype("<u8").tobytes() + b"".join(cells)
+
+
+def unpack_cells(blob: bytes, positions: Sequence[int]) -> list[bytes]:
+    """The cells at ``positions`` of a :func:`pack_cells` blob."""
+    (n,) = struct.unpack_from("<I", blob)
+    ends = np.frombuffer(blob, dtype="<u8", count=n, offset=4)
+    base = 4 + 8 * n
+    out = []
+    for p in positions:
+        start = base + (int(ends[p - 1]) if p else 0)
+        out.append(blob[start : base + int(ends[p])])
+    return out
+
+
+def _ints(data: bytes | None) -> Int32s | None:
+    return None if data is None else np.frombuffer(data, dtype="<i4").astype(np.int32)
+
+
+def _blob(values: npt.NDArray[np.integer]) -> bytes:
+    return np.asarray(values, dtype="<i4").tobytes()
 
 
 class DockTables:
@@ -94,7 +141,47 @@ class DockTables:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA busy_timeout=5000")
+        if self._exists("dock_cells"):
+            with self.transaction():
+                self._from_cell_layout()
         self._db.executescript(_SCHEMA)
+
+    def _exists(self, table: str) -> bool:
+        found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
+        return found.fetchone() is not None
+
+    def _from_cell_layout(self) -> None:
+        """Move a file of the per-cell layout to chunks: a chunk per column of each table, a lease's flat rows
+        as (slot, index) pairs. Consumption was the rows of the collected leases, which stay."""
+        self._db.executescript(_CELL_LAYOUT)
+        self._db.executescript(_SCHEMA)
+        self._db.execute(
+            "INSERT INTO dock_tables SELECT iteration, slots, group_size, created_at FROM dock_tables_cells"
+        )
+        groups = dict(self._db.execute("SELECT iteration, group_size FROM dock_tables_cells").fetchall())
+        columns = self._db.execute("SELECT DISTINCT iteration, name FROM dock_cells").fetchall()
+        for iteration, name in columns:
+            cells = self._db.execute(
+                "SELECT row, value FROM dock_cells WHERE iteration = ? AND name = ? ORDER BY row", (iteration, name)
+            ).fetchall()
+            rows = np.array([r for r, _ in cells], dtype=np.int64)
+            self.add_chunk(
+                iteration,
+                name,
+                rows // groups[iteration],
+                rows % groups[iteration],
+                pack_cells([bytes(v) for _, v in cells]),
+            )
+        for lease, consumer, iteration, rows_blob, expires_at, state in self._db.execute(
+            "SELECT lease, consumer, iteration, rows, expires_at, state FROM dock_leases_cells"
+        ).fetchall():
+            if iteration not in groups:
+                continue
+            rows = np.frombuffer(rows_blob, dtype="<i8")
+            g = groups[iteration]
+            self.add_lease(Lease(lease, consumer, iteration, rows // g, rows % g, expires_at, state))
+        for table in ("dock_tables_cells", "dock_leases_cells", "dock_cells", "dock_consumed"):
+            self._db.execute(f"DROP TABLE IF EXISTS {table}")
 
     def close(self) -> None:
         self._db.close()
@@ -115,9 +202,14 @@ class DockTables:
         rows = self._db.execute("SELECT iteration, slots, group_size FROM dock_tables ORDER BY iteration")
         return [StoredTable(*r) for r in rows]
 
-    def written(self) -> Iterator[tuple[int, str, int]]:
-        """Every written cell's (iteration, column, row), without its value."""
-        yield from self._db.execute("SELECT iteration, name, row FROM dock_cells")
+    def chunks(self) -> Iterator[Chunk]:
+        """Every chunk's rows, without its cells."""
+        for id_, iteration, name, slots, indices in self._db.execute(
+            "SELECT id, iteration, name, slots, indices FROM dock_chunks ORDER BY id"
+        ):
+            found = _ints(slots)
+            assert found is not None
+            yield Chunk(id_, iteration, name, found, _ints(indices))
 
     def consumers(self) -> Iterator[tuple[str, tuple[str, ...], tuple[str, ...], int | None]]:
         """Every consumer's (name, needs, produces, dispatch_size)."""
@@ -126,14 +218,28 @@ class DockTables:
         ):
             yield name, tuple(json.loads(needs)), tuple(json.loads(produces)), size
 
-    def consumed(self) -> Iterator[tuple[str, int, int]]:
-        yield from self._db.execute("SELECT consumer, iteration, row FROM dock_consumed")
-
     def leases(self) -> list[Lease]:
-        rows = self._db.execute("SELECT lease, consumer, iteration, rows, expires_at, state FROM dock_leases")
-        return [
-            Lease(lease, c, i, np.frombuffer(r, dtype="<i8").astype(np.int64), e, s) for lease, c, i, r, e, s in rows
-        ]
+        rows = self._db.execute(
+            "SELECT lease, consumer, iteration, slots, indices, expires_at, state FROM dock_leases ORDER BY rowid"
+        )
+        out = []
+        for lease, c, i, s, k, e, state in rows:
+            slots, indices = _ints(s), _ints(k)
+            assert slots is not None and indices is not None
+            out.append(Lease(lease, c, i, slots, indices, e, state))
+        return out
+
+    # --- cells ----------------------------------------------------------------------------------------------
+
+    def cells(self, chunks: Sequence[int]) -> dict[int, bytes]:
+        """The cell blobs of the given chunks."""
+        out: dict[int, bytes] = {}
+        for start in range(0, len(chunks), 500):
+            part = chunks[start : start + 500]
+            marks = ",".join("?" * len(part))
+            for id_, blob in self._db.execute(f"SELECT id, cells FROM dock_chunks WHERE id IN ({marks})", part):
+                out[id_] = blob
+        return out
 
     # --- writes (inside a transaction) ---------------------------------------------------------------------
 
@@ -143,9 +249,15 @@ class DockTables:
             (table.iteration, table.slots, table.group_size, time.time()),
         )
 
+    def set_shape(self, table: StoredTable) -> None:
+        self._db.execute(
+            "UPDATE dock_tables SET slots = ?, group_size = ? WHERE iteration = ?",
+            (table.slots, table.group_size, table.iteration),
+        )
+
     def drop_tables(self, iterations: Sequence[int]) -> None:
         for iteration in iterations:
-            for table in ("dock_tables", "dock_cells", "dock_leases", "dock_consumed"):
+            for table in ("dock_tables", "dock_chunks", "dock_leases"):
                 self._db.execute(f"DELETE FROM {table} WHERE iteration = ?", (iteration,))
 
     def add_consumer(self, name: str, needs: Sequence[str], produces: Sequence[str], dispatch_size: int | None) -> None:
@@ -154,33 +266,32 @@ class DockTables:
             (name, json.dumps(list(needs)), json.dumps(list(produces)), dispatch_size),
         )
 
-    def cells(self, iteration: int, name: str, rows: Sequence[int]) -> dict[int, bytes]:
-        """The stored bytes of the given cells of one column (cells not written are absent)."""
-        out: dict[int, bytes] = {}
-        for start in range(0, len(rows), _CELLS_PER_STATEMENT):
-            part = rows[start : start + _CELLS_PER_STATEMENT]
-            marks = ",".join("?" * len(part))
-            for row, value in self._db.execute(
-                f"SELECT row, value FROM dock_cells WHERE iteration = ? AND name = ? AND row IN ({marks})",
-                [iteration, name, *part],
-            ):
-                out[row] = value
-        return out
-
-    def write_cells(self, iteration: int, name: str, cells: Iterable[tuple[int, bytes]]) -> None:
-        self._db.executemany(
-            "INSERT INTO dock_cells (iteration, name, row, value) VALUES (?, ?, ?, ?)",
-            ((iteration, name, row, value) for row, value in cells),
+    def add_chunk(
+        self,
+        iteration: int,
+        name: str,
+        slots: npt.NDArray[np.integer],
+        indices: npt.NDArray[np.integer] | None,
+        cells: bytes,
+    ) -> int:
+        """Store one write's cells of one column (a :func:`pack_cells` blob); returns the chunk's id."""
+        cur = self._db.execute(
+            "INSERT INTO dock_chunks (iteration, name, slots, indices, cells) VALUES (?, ?, ?, ?, ?)",
+            (iteration, name, _blob(slots), None if indices is None else _blob(indices), cells),
         )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
 
     def add_lease(self, lease: Lease) -> None:
         self._db.execute(
-            "INSERT INTO dock_leases (lease, consumer, iteration, rows, expires_at, state) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO dock_leases (lease, consumer, iteration, slots, indices, expires_at, state)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 lease.lease,
                 lease.consumer,
                 lease.iteration,
-                lease.rows.astype("<i8").tobytes(),
+                _blob(lease.slots),
+                _blob(lease.indices),
                 lease.expires_at,
                 lease.state,
             ),
@@ -189,8 +300,10 @@ class DockTables:
     def set_lease(self, lease: str, *, state: LeaseState, expires_at: float) -> None:
         self._db.execute("UPDATE dock_leases SET state = ?, expires_at = ? WHERE lease = ?", (state, expires_at, lease))
 
-    def mark_consumed(self, consumer: str, iteration: int, rows: Iterable[int]) -> None:
-        self._db.executemany(
-            "INSERT OR IGNORE INTO dock_consumed (consumer, iteration, row) VALUES (?, ?, ?)",
-            ((consumer, iteration, int(r)) for r in rows),
-        )
+    def size(self) -> tuple[int, int]:
+        """``(SQL rows, bytes of cells)`` the store holds: what a completion costs in storage."""
+        chunks, cell_bytes = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(cells)), 0) FROM dock_chunks"
+        ).fetchone()
+        (leases,) = self._db.execute("SELECT COUNT(*) FROM dock_leases").fetchone()
+        return int(chunks) + int(leases), int(cell_bytes)

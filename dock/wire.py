@@ -105,13 +105,16 @@ def columns_from_wire(columns: Mapping[str, WireColumn]) -> dict[str, list[Value
 
 class OpenRequest(_Wire):
     slots: int = Field(ge=1, le=2**31, description="Prompts in the step's batch.")
-    group_size: int = Field(ge=1, le=2**31, description="Completions per prompt.")
+    group_size: int | None = Field(
+        default=None, ge=1, le=2**31, description="Completions per prompt; left out, the table's own (if set)."
+    )
 
 
 class TableBody(_Wire):
     iteration: int
     slots: int
-    group_size: int
+    group_size: int | None = Field(description="Completions per prompt; null until a writer that knows it sets it.")
+    width: int = Field(description="Rows per slot so far.")
     rows: int
     written: dict[str, int] = Field(description="Cells written so far, per column.")
 
@@ -121,12 +124,13 @@ class TableBody(_Wire):
             iteration=info.iteration,
             slots=info.slots,
             group_size=info.group_size,
+            width=info.width,
             rows=info.rows,
             written=dict(info.written),
         )
 
     def info(self) -> TableInfo:
-        return TableInfo(self.iteration, self.slots, self.group_size, self.written)
+        return TableInfo(self.iteration, self.slots, self.group_size, self.written, self.width)
 
 
 class RegisterRequest(_Wire):
@@ -168,7 +172,7 @@ class ReadBody(_Wire):
 
 class DispatchRequest(_Wire):
     count: int | None = Field(default=None, ge=1, le=MAX_ROWS, description="Rows; the consumer's dispatch_size.")
-    iteration: int | None = Field(default=None, ge=0, le=2**62, description="The table; the oldest ready one.")
+    iteration: int | None = Field(default=None, ge=-(2**62), le=2**62, description="The table; the oldest ready one.")
     groups: bool = Field(default=False, description="Whole groups only (every completion of a prompt).")
     dp_size: int = Field(default=1, ge=1, le=4096, description="Readers to split the rows among.")
     balance_by: _Name | None = Field(default=None, description="A needed column whose lengths balance the readers.")

@@ -83,6 +83,11 @@ class Dataserver:
             metrics.last_iteration.set(progress.last_iteration)
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False)
         server = cls(ServingContext(curriculum, settings, metrics, storage, progress), pool, http, experience)
+        try:
+            await server.rollouts.recover()
+        except BaseException:
+            await server.close()
+            raise
         if server.grader_role is not None:
             server.grader_role.start()
         return server

@@ -1,8 +1,11 @@
 """The experience store as the dataserver uses it: the steps it sampled, the completions written to them, and
 the grader role's rewards.
 
-- Opening the table of a step that ``/sample`` served fills the prompt's columns of every row (``sample_id``,
-  ``prompt``, ``reference``, ``stage``), so a trainer writes only its completions.
+- ``/sample`` opens each step's table as it samples it, with the prompt's columns (``sample_id``, ``prompt``,
+  ``reference``, ``stage``) written per slot, so every client's rollouts land in the store and a trainer
+  writes only its completions.
+- ``/grade`` writes its completions to their rows (:meth:`Rollouts.enqueue`); a completion that fills none of
+  its step's slots goes to the step's table of loose completions (:func:`~proctor.dock.columns.loose_table`).
 - A collection by the grader role (the dataserver's own pool or a remote ``proctor grade-worker``) is also a
   grade: it is stored and counted in the curriculum's statistics through the :class:`GradeLedger`, once
   per completion however often a row is re-dispatched.
@@ -16,12 +19,13 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from proctor.dock import (
-    CellConflictError,
     CellsMissingError,
     Collected,
+    Dispatch,
     DockInputError,
     RowKey,
     ShapeConflictError,
@@ -32,6 +36,7 @@ from proctor.dock import (
 )
 from proctor.dock import columns as col
 from proctor.dock import wire as dw
+from proctor.server import protocol as wire
 from proctor.server.batches import ServedBatch
 from proctor.server.context import ServingContext
 from proctor.server.curriculum.loader import Curriculum
@@ -39,10 +44,39 @@ from proctor.server.exceptions import RequestError, UnavailableError
 from proctor.server.experience import ExperienceStore
 from proctor.server.grading.ledger import GradeLedger
 from proctor.server.sampling import SamplingService
-from proctor.server.sources.base import SampleId
-from proctor.server.store import GradeRow
+from proctor.server.sources.base import Record, SampleId
+from proctor.server.store import NO_SLOT, GradeKey, GradeRow
 
-__all__ = ["Rollouts"]
+__all__ = ["Completion", "Enqueued", "Rollouts"]
+
+_OPENED = 4096  # steps remembered as opened, so a repeated /sample costs no store call
+_RECOVER_ROWS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A completion ``/grade`` hands the store: the step it belongs to and, when it fills one, its slot."""
+
+    step: int
+    step_slot: int | None
+    sample_id: str
+    completion_index: int
+    completion: str
+    completion_tokens: int | None
+    record: Record
+    position: int = 0
+    """Its place in the request, for errors."""
+    regrade: bool = False
+    """Its stored grade is a grader's error: it is graded again, in a row of its own."""
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """Where :meth:`Rollouts.enqueue` put each completion (``(table, slot, index)``, in the order given), and
+    the leases it took on those rows for the caller to grade (with ``claim``)."""
+
+    rows: list[tuple[int, int, int]]
+    leases: list[Dispatch]
 
 
 class Rollouts:
@@ -55,10 +89,31 @@ class Rollouts:
         self.ledger = ledger
         self._changed = asyncio.Condition()
         self._version = 0
+        self._opened: dict[int, None] = {}
+        # Per table of loose completions: the slots holding each (step, sample_id, step_slot). Used on the
+        # store's thread only; rebuilt from the table after a restart.
+        self._loose: dict[int, dict[tuple[int, str, int], list[int]]] = {}
 
-    async def open(self, iteration: int, slots: int, group_size: int) -> TableInfo:
-        """Open the step's table; for a step this server sampled, fill the prompt's columns of every row."""
-        served = await self.sampling.served(iteration)
+    async def sample(self, req: wire.SampleRequest) -> bytes:
+        """``/sample``: the batch, with its step's table opened in the store."""
+        body = await self.sampling.sample(req)
+        if req.iteration not in self._opened:
+            batch = await self.sampling.served(req.iteration)
+            assert batch is not None  # it was just served
+            x = self.experience
+            try:
+                await x.call(_open_sampled, x.dock, self.ctx.curriculum, batch)
+            except RequestError as exc:
+                if exc.code != UnknownIterationError.code:  # a step older than every table kept is served alone
+                    raise
+            self._opened[req.iteration] = None
+            if len(self._opened) > _OPENED:
+                del self._opened[next(iter(self._opened))]
+        return body
+
+    async def open(self, iteration: int, slots: int, group_size: int | None) -> TableInfo:
+        """Open the step's table; for a step this server sampled, its prompt's columns are written."""
+        served = await self.sampling.served(iteration) if iteration >= 0 else None
         if served is not None and served.batch_size != slots:
             raise RequestError(
                 f"iteration {iteration} was sampled with batch_size {served.batch_size}; open its table with "
@@ -68,9 +123,9 @@ class Rollouts:
             )
         x = self.experience
         info = await x.call(x.dock.open, iteration, slots=slots, group_size=group_size)
-        if served is not None and info.written.get(col.SAMPLE_ID, 0) < info.rows:
-            # Every rank opens the table; filling again writes the same values, which the store ignores.
-            info = await x.call(_fill, x.dock, self.ctx.curriculum, served, group_size)
+        if served is not None and col.SAMPLE_ID not in info.written:
+            # A step sampled before its table could be opened (by a server without the store, say).
+            info = await x.call(_open_sampled, x.dock, self.ctx.curriculum, served)
             await self._notify()
         return info
 
@@ -79,26 +134,25 @@ class Rollouts:
         await x.call(_put, x.dock, iteration, body)
         await self._notify()
 
-    async def write_completions(
-        self, iteration: int, rows: Sequence[RowKey], texts: Sequence[str], tokens: Sequence[int | None]
-    ) -> bool:
-        """Write completions to rows of the step's table for the grader role; False (nothing written) when
-        there is no table, a row is outside it, or a row holds another completion already."""
+    async def enqueue(self, completions: Sequence[Completion], *, claim: bool, lease_s: float) -> Enqueued:
+        """Write completions to their rows (a step's slot, or the step's loose completions), and with
+        ``claim`` lease those not graded yet to the caller, as the grader role, in the same call."""
         x = self.experience
-        try:
-            await x.call(x.dock.put, iteration, rows, {col.COMPLETION: texts, col.COMPLETION_TOKENS: tokens})
-        except RequestError as exc:
-            if exc.code in (UnknownIterationError.code, DockInputError.code, CellConflictError.code):
-                return False
-            raise
+        stages = {c.step: self.ctx.progress.stage_of(c.step) for c in completions}
+        names = {step: self.ctx.curriculum.stages[stage].name for step, stage in stages.items()}
+        enqueued = await x.call(_enqueue, x.dock, self._loose, completions, names, claim, lease_s)
         await self._notify()
-        return True
+        return enqueued
 
-    async def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> Collected:
-        """Collect a lease; the grader role's collections are stored and counted as grades."""
+    async def collect(self, lease: str, columns: Mapping[str, Sequence[Value]], *, record: bool = True) -> Collected:
+        """Collect a lease; the grader role's collections are stored and counted as grades (unless the caller
+        records them itself, with ``record=False``)."""
         x = self.experience
         collected = await x.call(x.dock.collect, lease, columns)
-        await self._collected(collected, columns)
+        if record:
+            await self._collected(collected, columns)
+        else:
+            await self._notify()
         return collected
 
     async def collect_wire(self, lease: str, body: dw.CollectRequest) -> Collected:
@@ -125,50 +179,75 @@ class Rollouts:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(lambda: self._version != since), timeout_s)
 
-    async def rewards(self, iteration: int, rows: Sequence[RowKey], timeout_s: float) -> dict[str, list[Value]]:
-        """The grader role's columns of ``rows`` once all are written; a 503 after ``timeout_s``."""
+    async def rewards(self, table: int, rows: Sequence[RowKey], timeout_s: float) -> dict[str, list[Value]]:
+        """The grader role's columns of ``rows`` once all are written. A 503 when no grader role has claimed
+        them within the claim timeout, or they are not graded within ``timeout_s``."""
         x = self.experience
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        claim_by = start + self.ctx.settings.grader_claim_timeout_s
         while True:
             since = self._version
             try:
-                return await x.call(x.dock.read, iteration, rows, (col.REWARD, col.REWARD_DETAIL))
+                return await x.call(x.dock.read, table, rows, (col.REWARD, col.REWARD_DETAIL))
             except RequestError as exc:
                 if exc.code != CellsMissingError.code:
                     raise
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    workers = self.ctx.settings.grader_workers
-                    hint = (
-                        "this server has no grader processes (PROCTOR_GRADER_WORKERS=0): start "
+            now = time.monotonic()
+            if now >= claim_by and not await x.call(x.dock.claimed, col.GRADER.name, table, rows):
+                raise UnavailableError(
+                    f"no grader claimed the {len(rows)} completions of table {table} within "
+                    f"{self.ctx.settings.grader_claim_timeout_s:g}s (PROCTOR_GRADER_CLAIM_TIMEOUT_S): "
+                    + (
+                        "this server has no grader processes (PROCTOR_GRADER_WORKERS=0); start one with "
                         "`proctor grade-worker --server URL`"
-                        if workers == 0
-                        else "the graders are busy or slow; raise PROCTOR_GRADER_TIMEOUT_S or add grade-workers"
+                        if self.ctx.settings.grader_workers == 0
+                        else "its graders are busy; add `proctor grade-worker --server URL` processes"
                     )
-                    raise UnavailableError(
-                        f"the grader role did not grade {len(rows)} rows of iteration {iteration} within "
-                        f"{timeout_s:g}s; {hint}"
-                    ) from None
-                await self.wait_for_change(since, left)
+                    + ". They stay queued: post them again to get their rewards"
+                )
+            if now - start >= timeout_s:
+                raise UnavailableError(
+                    f"the grader role did not grade {len(rows)} completions of table {table} within {timeout_s:g}s; "
+                    "the graders are busy or slow: raise PROCTOR_GRADER_TIMEOUT_S or add grade-workers, and post "
+                    "them again to get their rewards"
+                )
+            await self.wait_for_change(since, min(claim_by - now if now < claim_by else timeout_s, 1.0))
+
+    async def recover(self) -> None:
+        """Store and count every grade the store holds that the state file lacks: a server killed after the
+        grader role's collection and before its grades were recorded. Recording is idempotent, so the grades
+        recorded already count once still."""
+        x = self.experience
+        for info in await x.call(x.dock.tables):
+            if not info.written.get(col.REWARD):
+                continue
+            rows = [(s, k) for s in range(info.slots) for k in range(info.width)]
+            for start in range(0, len(rows), _RECOVER_ROWS):
+                part = tuple(rows[start : start + _RECOVER_ROWS])
+                await self._record_grades(Collected(col.GRADER.name, info.iteration, part), {})
 
     async def _record_grades(self, collected: Collected, columns: Mapping[str, Sequence[Value]]) -> None:
         """Store and count the grades the grader role collected. Its reward columns are in ``columns``, unless
         a collection left them out (they were written before, or not at all: such rows have no grade)."""
         x = self.experience
         rewards = (col.REWARD, col.REWARD_DETAIL)
-        names = (col.SAMPLE_ID, col.COMPLETION, *(c for c in rewards if c not in columns))
+        loose = collected.iteration < 0
+        where = (col.STEP, col.STEP_SLOT) if loose else ()
+        names = (col.SAMPLE_ID, col.COMPLETION, *where, *(c for c in rewards if c not in columns))
         read = await x.call(x.dock.read, collected.iteration, collected.rows, names, missing="none")
         values = {**read, **{c: columns[c] for c in rewards if c in columns}}
-        stage = self.ctx.progress.stage_of(collected.iteration)
         grades: list[GradeRow] = []
         for n, (slot, index) in enumerate(collected.rows):
             sample_id, reward = values[col.SAMPLE_ID][n], values[col.REWARD][n]
             if sample_id is None or reward is None:
                 continue
-            sha = hashlib.sha256(str(values[col.COMPLETION][n]).encode()).hexdigest()
+            step, step_slot = collected.iteration, slot
+            if loose:
+                step, step_slot = int(values[col.STEP][n]), int(values[col.STEP_SLOT][n])
+            key = grade_key(step, str(sample_id), step_slot, index, str(values[col.COMPLETION][n]))
             components, error = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
-            key = (collected.iteration, str(sample_id), slot, index, sha)
             source = SampleId.parse(str(sample_id)).source
+            stage = self.ctx.progress.stage_of(step)
             grades.append(GradeRow(key, stage, source, float(reward), components, error))
         await self.ledger.record(grades)
 
@@ -176,6 +255,13 @@ class Rollouts:
         async with self._changed:
             self._version += 1
             self._changed.notify_all()
+
+
+def grade_key(step: int, sample_id: str, step_slot: int | None, index: int, completion: str) -> GradeKey:
+    """What makes a grade the same grade: see :data:`proctor.server.store.GradeKey`."""
+    sha = hashlib.sha256(completion.encode()).hexdigest()
+    slot = NO_SLOT if step_slot is None or step_slot < 0 else step_slot
+    return (step, sample_id, slot, index, sha)
 
 
 def _collect(dock: TransferDock, lease: str, body: dw.CollectRequest) -> tuple[Collected, dict[str, list[Value]]]:
@@ -188,32 +274,228 @@ def _put(dock: TransferDock, iteration: int, body: dw.PutRequest) -> None:
     dock.put(iteration, body.rows, dw.columns_from_wire(body.columns))
 
 
-def _fill(dock: TransferDock, curriculum: Curriculum, served: ServedBatch, group_size: int) -> TableInfo:
-    """Write the prompt's columns of every row of a sampled step (runs on the store's thread: it grows with the
-    batch)."""
-    per_slot: list[tuple[str, str, dict[str, Any]]] = []
+def _reference(record: Record) -> dict[str, Any]:
+    return {"answer": record.answer, "metadata": dict(record.metadata)}
+
+
+def _open_sampled(dock: TransferDock, curriculum: Curriculum, served: ServedBatch) -> TableInfo:
+    """Open a sampled step's table with the prompt's columns of each slot (on the store's thread: it grows
+    with the batch)."""
+    prompts: list[str] = []
+    references: list[dict[str, Any]] = []
     for sample_id in served.sample_ids:
         sid = SampleId.parse(sample_id)
         src = curriculum.sources.get(sid.source)
         if src is None or src.version != sid.version:
             # Its data or settings changed since the step was sampled: the record behind the key is another.
             stale = f"stale sample_id {sample_id!r}: its source changed since this step was sampled; not graded"
-            per_slot.append((sample_id, "", {"answer": None, "metadata": {}, "stale": stale}))
+            prompts.append("")
+            references.append({"answer": None, "metadata": {}, "stale": stale})
             continue
         record = src.record(sid.key)
-        per_slot.append((sample_id, record.prompt, {"answer": record.answer, "metadata": dict(record.metadata)}))
-    every = [(slot, k) for slot in range(len(per_slot)) for k in range(group_size)]
+        prompts.append(record.prompt)
+        references.append(_reference(record))
+    dock.open(served.iteration, slots=served.batch_size)
+    slots = list(range(served.batch_size))
     step = dock.limits.max_rows_per_call
-    for start in range(0, len(every), step):
-        rows = every[start : start + step]
-        dock.put(
+    for start in range(0, len(slots), step):
+        part = slots[start : start + step]
+        dock.put_slots(
             served.iteration,
-            rows,
+            part,
             {
-                col.SAMPLE_ID: [per_slot[slot][0] for slot, _ in rows],
-                col.PROMPT: [per_slot[slot][1] for slot, _ in rows],
-                col.REFERENCE: [per_slot[slot][2] for slot, _ in rows],
-                col.STAGE: [served.stage_name] * len(rows),
+                col.SAMPLE_ID: [served.sample_ids[s] for s in part],
+                col.PROMPT: [prompts[s] for s in part],
+                col.REFERENCE: [references[s] for s in part],
+                col.STAGE: [served.stage_name] * len(part),
             },
         )
     return dock.table(served.iteration)
+
+
+def _enqueue(
+    dock: TransferDock,
+    loose_slots: dict[int, dict[tuple[int, str, int], list[int]]],
+    completions: Sequence[Completion],
+    stage_names: Mapping[int, str],
+    claim: bool,
+    lease_s: float,
+) -> Enqueued:
+    """:meth:`Rollouts.enqueue` on the store's thread: every call of the store's runs there one at a time, so
+    what this reads is still so when it writes."""
+    placed: list[tuple[int, int, int] | None] = [None] * len(completions)
+    loose: list[int] = []
+    by_step: dict[int, list[int]] = {}
+    for n, c in enumerate(completions):
+        (by_step.setdefault(c.step, []) if c.step_slot is not None else loose).append(n)
+    kept = {t.iteration: t for t in dock.tables()}
+    # Every check before the first write: a refused request writes nothing.
+    for step, ns in by_step.items():
+        group = kept[step].group_size if step in kept else None
+        for n in ns:
+            if group is not None and completions[n].completion_index >= group:
+                raise DockInputError(
+                    f"items[{completions[n].position}].completion_index",
+                    f"{completions[n].completion_index} is not below the group size {group} of iteration {step}'s "
+                    "table; send each completion's index among its prompt's completions, from 0",
+                )
+    for step, ns in by_step.items():
+        if step not in kept:  # dropped by retention
+            loose.extend(ns)
+            continue
+        keys = [(completions[n].step_slot or 0, completions[n].completion_index) for n in ns]
+        held = dock.read(step, keys, (col.COMPLETION,), missing="none")[col.COMPLETION]
+        new = []
+        for n, key, text in zip(ns, keys, held, strict=True):
+            if text is None:
+                new.append(n)
+                placed[n] = (step, *key)
+            elif text == completions[n].completion and not completions[n].regrade:
+                placed[n] = (step, *key)
+            else:  # another completion of that row: a regenerated step, graded as a loose completion
+                loose.append(n)
+        if new:
+            _write_completions(
+                dock,
+                step,
+                [(completions[n].step_slot or 0, completions[n].completion_index) for n in new],
+                [completions[n] for n in new],
+            )
+    in_loose = _place_loose(dock, loose_slots, [completions[n] for n in loose], stage_names)
+    for n, where in zip(loose, in_loose, strict=True):
+        placed[n] = where
+    rows = [p for p in placed if p is not None]
+    assert len(rows) == len(completions)
+    leases: list[Dispatch] = []
+    if claim:
+        by_table: dict[int, list[RowKey]] = {}
+        for table, slot, index in rows:
+            by_table.setdefault(table, []).append((slot, index))
+        for table, keys in by_table.items():
+            lease = dock.claim(col.GRADER.name, table, keys, lease_s=lease_s)
+            if lease.lease is not None:
+                leases.append(lease)
+    return Enqueued(rows, leases)
+
+
+def _write_completions(
+    dock: TransferDock, table: int, rows: Sequence[RowKey], completions: Sequence[Completion]
+) -> None:
+    dock.put(
+        table,
+        rows,
+        {
+            col.COMPLETION: [c.completion for c in completions],
+            col.COMPLETION_TOKENS: [c.completion_tokens for c in completions],
+        },
+    )
+
+
+def _place_loose(
+    dock: TransferDock,
+    loose_slots: dict[int, dict[tuple[int, str, int], list[int]]],
+    completions: Sequence[Completion],
+    stage_names: Mapping[int, str],
+) -> list[tuple[int, int, int]]:
+    """Rows for completions that fill no slot of their step, in its table of loose completions: a slot per
+    ``(step, sample_id, step_slot)``, and another when the row of a completion index holds another completion
+    already."""
+    by_table: dict[int, list[int]] = {}
+    for n, c in enumerate(completions):
+        by_table.setdefault(_loose_home(dock, c.step), []).append(n)
+    out: dict[int, tuple[int, int, int]] = {}
+    # Newest first: opening a table may drop the oldest kept, which a later one then gives way for.
+    for home, ns in sorted(by_table.items()):
+        table = _loose_home(dock, -home - 1) if not dock.retains(home) else home
+        placed: dict[int, tuple[int, int]] = {}
+        exists = table in {t.iteration for t in dock.tables()}
+        slots = _loose_index(dock, loose_slots, table) if exists else loose_slots.setdefault(table, {})
+        if not exists:
+            slots.clear()
+        # A slot of the same prompt whose row of that index is free or holds the same completion, else a new one.
+        asked = sorted(
+            {(s, completions[n].completion_index) for n in ns for s in slots.get(_prompt_key(completions[n]), [])}
+        )
+        held: dict[tuple[int, int], Any] = {}
+        if asked:
+            texts = dock.read(table, asked, (col.COMPLETION,), missing="none")[col.COMPLETION]
+            held = dict(zip(asked, texts, strict=True))
+        fresh: dict[tuple[int, str, int], list[int]] = {}  # new slots, numbered -1, -2, … until added
+        write: list[int] = []
+        for n in ns:
+            c = completions[n]
+            key, k = _prompt_key(c), c.completion_index
+            choices = [*slots.get(key, []), *fresh.get(key, [])]
+            free: tuple[object, ...] = (None,) if c.regrade else (None, c.completion)
+            found = next((s for s in choices if held.get((s, k)) in free), None)
+            if found is None:
+                found = -1 - sum(map(len, fresh.values()))
+                fresh.setdefault(key, []).append(found)
+            if held.get((found, k)) is None:
+                write.append(n)
+                held[(found, k)] = c.completion
+            placed[n] = (found, k)
+        new = [(key, s) for key, ss in fresh.items() for s in ss]
+        if new:
+            first = dock.add_slots(table, len(new)) if exists else _loose_create(dock, table, len(new))
+            number = {s: first + m for m, (_, s) in enumerate(new)}
+            owner: dict[int, Completion] = {}
+            for n in ns:
+                s, k = placed[n]
+                if s < 0:
+                    placed[n] = (number[s], k)
+                    owner.setdefault(number[s], completions[n])
+            for key, s in new:
+                slots.setdefault(key, []).append(number[s])
+            cs = [owner[number[s]] for _, s in new]
+            dock.put_slots(
+                table,
+                [number[s] for _, s in new],
+                {
+                    col.SAMPLE_ID: [c.sample_id for c in cs],
+                    col.PROMPT: [c.record.prompt for c in cs],
+                    col.REFERENCE: [_reference(c.record) for c in cs],
+                    col.STAGE: [stage_names[c.step] for c in cs],
+                    col.STEP: [c.step for c in cs],
+                    col.STEP_SLOT: [NO_SLOT if c.step_slot is None else c.step_slot for c in cs],
+                },
+            )
+        if write:
+            _write_completions(dock, table, [placed[n] for n in write], [completions[n] for n in write])
+        out.update((n, (table, *placed[n])) for n in ns)
+    return [out[n] for n in range(len(completions))]
+
+
+def _prompt_key(c: Completion) -> tuple[int, str, int]:
+    return (c.step, c.sample_id, NO_SLOT if c.step_slot is None else c.step_slot)
+
+
+def _loose_home(dock: TransferDock, step: int) -> int:
+    """The table of a step's loose completions; the newest one kept when retention would refuse the step's
+    own as too old."""
+    table = col.loose_table(step)
+    return table if dock.retains(table) else min(t.iteration for t in dock.tables() if t.iteration < 0)
+
+
+def _loose_create(dock: TransferDock, table: int, slots: int) -> int:
+    dock.open(table, slots=slots)
+    return 0
+
+
+def _loose_index(
+    dock: TransferDock, loose_slots: dict[int, dict[tuple[int, str, int], list[int]]], table: int
+) -> dict[tuple[int, str, int], list[int]]:
+    """The slots of each prompt in a kept table of loose completions (read from the table once per run)."""
+    known = loose_slots.get(table)
+    info = dock.table(table)
+    if known is not None and sum(map(len, known.values())) == info.slots:
+        return known
+    rows = [(s, 0) for s in range(info.slots)]
+    values = dock.read(table, rows, (col.STEP, col.SAMPLE_ID, col.STEP_SLOT), missing="none")
+    known = loose_slots[table] = {}
+    for s, step, sample_id, step_slot in zip(
+        range(info.slots), values[col.STEP], values[col.SAMPLE_ID], values[col.STEP_SLOT], strict=True
+    ):
+        if sample_id is not None:
+            known.setdefault((int(step), str(sample_id), int(step_slot)), []).append(s)
+    return known

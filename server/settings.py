@@ -76,6 +76,13 @@ class Settings(BaseSettings):
         description="Grader processes; 0 leaves grading to `proctor grade-worker` processes.",
     )
     grader_timeout_s: float = Field(default=10.0, gt=0, description="Time limit to grade one completion.")
+    grader_claim_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=86_400,
+        description="How long /grade waits for a grader (a `proctor grade-worker`, with PROCTOR_GRADER_WORKERS=0) "
+        "to claim its completions before it answers 503.",
+    )
     dock_keep_iterations: int = Field(
         default=8, ge=1, le=1_000_000, description="Generation steps the experience store (/dock) keeps."
     )

@@ -71,11 +71,14 @@ class GraderRole:
         self.fanout = fanout
         self.lease_s = lease_s
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run(), name=f"grader-role-{n}") for n in range(_LOOPS)]
 
     async def close(self) -> None:
+        # A cancellation that lands as a wait ends can be lost (asyncio.wait_for); the flag ends the loop anyway.
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -85,7 +88,7 @@ class GraderRole:
     async def _run(self) -> None:
         x = self.rollouts.experience
         graders = self.rollouts.ctx.curriculum.graders
-        while True:
+        while not self._stopping:
             try:
                 since = self.rollouts.version
                 batch = await x.call(x.dock.dispatch, col.GRADER.name, ROWS_PER_DISPATCH, lease_s=self.lease_s)

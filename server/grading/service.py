@@ -2,37 +2,37 @@
 
 A request's items are validated, placed in their slots of the request's iteration (sent, or inferred from the
 record), given the iteration (and so the stage) they belong to and an idempotency key, and looked up among the
-stored grades. What is new goes to the graders: completions that name an
-iteration and slot of a step whose table is open in the experience store are written there and graded by
-the grader role (this server's pool or remote grade-workers); the rest go to this server's pool directly.
-Grades are stored before they are answered or counted in the curriculum's statistics; posting a completion
-again returns its stored grade.
+stored grades. What is new is written to the experience store, each completion to its row (its step's slot,
+or the step's loose completions), and graded by the grader role: this request itself, on this server's
+grader processes, or remote ``proctor grade-worker`` processes (``PROCTOR_GRADER_WORKERS=0``), which it waits
+for. Grades are stored before they are answered or counted in the curriculum's statistics; posting a
+completion again returns its stored grade.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from proctor.dock import Dispatch, LeaseError, UnknownIterationError
 from proctor.dock import columns as col
 from proctor.server import protocol as wire
 from proctor.server.context import ServingContext
-from proctor.server.exceptions import InvalidRequestError, UnavailableError
-from proctor.server.grading.base import GradeInput
-from proctor.server.grading.compose import compose
+from proctor.server.exceptions import InvalidRequestError, RequestError
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.ledger import GradeLedger
-from proctor.server.grading.outcome import GraderOutcome
-from proctor.server.grading.registry import SourceGraders
-from proctor.server.grading.role import grading_time
+from proctor.server.grading.role import LEASE_S, grading_time, renewing
+from proctor.server.grading.rows import grade_rows
 from proctor.server.pacing import paced
-from proctor.server.rollouts import Rollouts
+from proctor.server.rollouts import Completion, Enqueued, Rollouts, grade_key
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.store import NO_SLOT, GradeKey, GradeRow
 
 __all__ = ["GradingService"]
+
+log = logging.getLogger("proctor.grading")
 
 
 @dataclass(slots=True)
@@ -48,6 +48,9 @@ class _Item:
     record: Record | None  # None when the id is stale (its source changed)
     key: GradeKey = (0, "", NO_SLOT, 0, "")
     stage: int = 0
+    position: int = 0
+    row: tuple[int, int, int] = (0, 0, 0)
+    """Where the store holds it: ``(table, slot, index)``."""
 
 
 class GradingService:
@@ -76,72 +79,124 @@ class GradingService:
             # Only an iteration that was graded before can have stored grades: usually nothing to look up.
             graded = await self.ctx.storage.graded_iterations({key[0] for key in keys})
             stored = await self.ctx.storage.find_grades([k for k in keys if k[0] in graded]) if graded else {}
-            # Errors are not final: a completion whose grader failed is graded again when posted again.
+            # Errors are not final: a completion whose grader failed is graded again (in a row of its own).
             fresh = [
                 it
                 for it in items
                 if it.record is not None and ((prior := stored.get(it.key)) is None or prior.error is not None)
             ]
-            queued = await self._queue(req.iteration, [it for it in fresh if it.key not in stored])
-            in_store = {id(it) for it in queued}
-            direct = [it for it in fresh if id(it) not in in_store]
-            if direct and self.fanout is None:
-                raise UnavailableError(
-                    "this server has no grader processes (PROCTOR_GRADER_WORKERS=0) and grades only through the "
-                    f"experience store: send each item's iteration and slot, for a step whose table is open "
-                    f"(PUT /dock/tables/{{iteration}}), and run `proctor grade-worker` ({len(direct)} items could "
-                    "not be queued)"
-                )
-            work = [(self.ctx.curriculum.graders[it.source], _grade_input(it)) for it in direct]
-        outcomes, by_store = await asyncio.gather(self._direct(work), self._wait(req.iteration, queued))
+            enqueued = await self._enqueue(fresh, {it.key for it in fresh if it.key in stored})
+        # Grading, here or by a remote grader role, runs outside the loop share.
+        values = await self._grade(enqueued.leases)
+        waiting = [it for it in fresh if it.row not in values]
+        values.update(await self._wait(waiting))
         async with self._loop_share:
-            return await self._store_and_answer(items, direct, outcomes, stored, by_store)
+            return await self._store_and_answer(items, fresh, values, stored, waited=waiting)
 
-    async def _queue(self, iteration: int | None, fresh: Sequence[_Item]) -> list[_Item]:
-        """Write the completions that fit rows of the step's open table to the store, for the grader role;
-        returns those written (none when any does not fit: they are graded here instead)."""
-        candidates = [it for it in fresh if it.slot is not None]
-        if iteration is None or not candidates:
-            return []
-        rows = [(it.slot or 0, it.completion_index) for it in candidates]
-        texts = [it.completion for it in candidates]
-        tokens = [it.completion_tokens for it in candidates]
-        return candidates if await self.rollouts.write_completions(iteration, rows, texts, tokens) else []
+    async def _enqueue(self, fresh: Sequence[_Item], regrade: set[GradeKey]) -> Enqueued:
+        """Write the completions to the store: each goes to its row, to be graded by the grader role. With
+        grader processes here, this request takes the role for the rows it wrote (leased in the same call)."""
+        if not fresh:
+            return Enqueued([], [])
+        completions = []
+        for it in fresh:
+            assert it.record is not None
+            completions.append(
+                Completion(
+                    it.key[0],
+                    it.slot,
+                    it.sample_id,
+                    it.completion_index,
+                    it.completion,
+                    it.completion_tokens,
+                    it.record,
+                    position=it.position,
+                    regrade=it.key in regrade,
+                )
+            )
+        enqueued = await self.rollouts.enqueue(completions, claim=self.fanout is not None, lease_s=LEASE_S)
+        for it, row in zip(fresh, enqueued.rows, strict=True):
+            it.row = row
+        return enqueued
 
-    async def _direct(self, work: Sequence[tuple[SourceGraders, GradeInput]]) -> list[dict[str, GraderOutcome]]:
-        if not work:
-            return []
-        assert self.fanout is not None
-        return await self.fanout.grade(work)
-
-    async def _wait(self, iteration: int | None, queued: Sequence[_Item]) -> dict[GradeKey, GradeRow]:
-        if iteration is None or not queued:
+    async def _grade(
+        self, leases: Sequence[Dispatch]
+    ) -> dict[tuple[int, int, int], tuple[float, dict[str, float], str | None]]:
+        """Grade the rows this request leased, as the grader role, and collect their rewards."""
+        if not leases:
             return {}
+        assert self.fanout is not None
+        fanout = self.fanout
+        graders = self.ctx.curriculum.graders
+
+        async def one(lease: Dispatch) -> dict[tuple[int, int, int], tuple[float, dict[str, float], str | None]]:
+            assert lease.lease is not None and lease.iteration is not None
+            async with renewing(self._renew, lease.lease, LEASE_S):
+                columns = await grade_rows(fanout, graders, lease.columns)
+            try:
+                await self.rollouts.collect(lease.lease, columns, record=False)
+            except RequestError as exc:
+                # Retention dropped the table meanwhile (steps far ahead were opened): the grade is still
+                # stored and answered, only the store's copy is gone with its table.
+                if exc.code not in (LeaseError.code, UnknownIterationError.code):
+                    raise
+                log.warning("the rewards of table %s were not kept: %s", lease.iteration, exc)
+            out = {}
+            for (slot, index), reward, detail in zip(
+                lease.rows, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True
+            ):
+                components, error = col.parse_reward_detail(detail)
+                out[(lease.iteration, slot, index)] = (float(reward), components, error)
+            return out
+
+        found: dict[tuple[int, int, int], tuple[float, dict[str, float], str | None]] = {}
+        for part in await asyncio.gather(*(one(lease) for lease in leases)):
+            found.update(part)
+        return found
+
+    async def _renew(self, lease: str, lease_s: float) -> float:
+        x = self.rollouts.experience
+        return await x.call(x.dock.renew, lease, lease_s)
+
+    async def _wait(
+        self, waiting: Sequence[_Item]
+    ) -> dict[tuple[int, int, int], tuple[float, dict[str, float], str | None]]:
+        """The rewards of rows another holder of the grader role grades (a remote grade-worker, or this
+        server's role that took them first), or graded already."""
+        by_table: dict[int, list[_Item]] = {}
+        for it in waiting:
+            by_table.setdefault(it.row[0], []).append(it)
         s = self.ctx.settings
-        timeout = grading_time(len(queued), max(s.grader_workers, 1), s.grader_timeout_s)
-        values = await self.rollouts.rewards(iteration, [(it.slot or 0, it.completion_index) for it in queued], timeout)
-        out: dict[GradeKey, GradeRow] = {}
-        for n, it in enumerate(queued):
-            components, error = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
-            out[it.key] = GradeRow(it.key, it.stage, it.source, float(values[col.REWARD][n]), components, error)
+        out: dict[tuple[int, int, int], tuple[float, dict[str, float], str | None]] = {}
+
+        async def one(table: int, its: list[_Item]) -> None:
+            timeout = grading_time(len(its), max(s.grader_workers, 1), s.grader_timeout_s)
+            values = await self.rollouts.rewards(table, [it.row[1:] for it in its], timeout)
+            for n, it in enumerate(its):
+                components, error = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
+                out[it.row] = (float(values[col.REWARD][n]), components, error)
+
+        await asyncio.gather(*(one(table, its) for table, its in by_table.items()))
         return out
 
     async def _store_and_answer(
         self,
         items: Sequence[_Item],
         fresh: Sequence[_Item],
-        outcomes: Sequence[Mapping[str, GraderOutcome]],
+        values: Mapping[tuple[int, int, int], tuple[float, dict[str, float], str | None]],
         stored: dict[GradeKey, GradeRow],
-        by_store: Mapping[GradeKey, GradeRow],
+        *,
+        waited: Sequence[_Item],
     ) -> wire.GradeResponse:
         ctx = self.ctx
         rows: dict[GradeKey, GradeRow] = {}
-        async for it, per_grader in paced(zip(fresh, outcomes, strict=True)):
-            c = compose(ctx.curriculum.graders[it.source], per_grader)
-            rows[it.key] = GradeRow(it.key, it.stage, it.source, c.reward, c.components, c.error)
+        async for it in paced(fresh):
+            reward, components, error = values[it.row]
+            rows[it.key] = GradeRow(it.key, it.stage, it.source, reward, components, error)
+        # The grades this request graded, and those it waited for (which their collector recorded already,
+        # unless it stopped in between: recording is idempotent, so they count once either way).
         raced = await self.ledger.record(list(rows.values()))
-        # Graded through the store: the grader role's collection stored and counted them already.
-        rows.update(by_store)
+        raced -= {it.key for it in waited}
         if raced:
             # Another request stored the same grade meanwhile; answer with that one, count it once.
             stored.update(await ctx.storage.find_grades(raced))
@@ -150,10 +205,10 @@ class GradingService:
             if it.record is None:
                 results.append(self._stale_result(it))
             elif it.key in rows and it.key not in raced:
-                results.append(_result(it, rows[it.key], cached=False))
+                results.append(_result(it, rows[it.key], cached=False, table=it.row[0]))
             else:
                 ctx.metrics.grades_cached.inc()
-                results.append(_result(it, stored[it.key], cached=True))
+                results.append(_result(it, stored[it.key], cached=True, table=None))
         return wire.GradeResponse(results=results)
 
     async def _validate(self, req: wire.GradeRequest) -> list[_Item]:
@@ -210,7 +265,16 @@ class GradingService:
                 )
             seen[pair] = n
             items.append(
-                _Item(item.sample_id, item.slot, index, item.completion, item.completion_tokens, sid.source, record)
+                _Item(
+                    item.sample_id,
+                    item.slot,
+                    index,
+                    item.completion,
+                    item.completion_tokens,
+                    sid.source,
+                    record,
+                    position=n,
+                )
             )
         return items
 
@@ -274,8 +338,26 @@ class GradingService:
             # Ids that were never served (sampled by another server, say) count toward the latest iteration.
             it_iter = iteration if iteration is not None else served.get(it.sample_id, latest)
             it.stage = self.ctx.progress.stage_of(it_iter)
-            sha = hashlib.sha256(it.completion.encode()).hexdigest()
-            it.key = (it_iter, it.sample_id, NO_SLOT if it.slot is None else it.slot, it.completion_index, sha)
+            it.key = grade_key(it_iter, it.sample_id, it.slot, it.completion_index, it.completion)
+        if iteration is None:
+            await self._place_served(items)
+
+    async def _place_served(self, items: Sequence[_Item]) -> None:
+        """Items sent without an iteration belong to the latest step that served their record: each takes the
+        slot its record fills there, when it fills one only (else it stays a loose completion of the step)."""
+        steps = sorted({it.key[0] for it in items if it.record is not None})
+        for step in steps:
+            ids = await self.rollouts.sampling.sample_ids(step)
+            if ids is None:
+                continue
+            slots_of: dict[str, list[int]] = {}
+            for slot, sample_id in enumerate(ids):
+                slots_of.setdefault(sample_id, []).append(slot)
+            async for it in paced([it for it in items if it.key[0] == step and it.record is not None]):
+                held = slots_of.get(it.sample_id, [])
+                if len(held) == 1:
+                    it.slot = held[0]
+                    it.key = grade_key(step, it.sample_id, it.slot, it.completion_index, it.completion)
 
     def _stale_result(self, it: _Item) -> wire.GradeResult:
         sid = SampleId.parse(it.sample_id)
@@ -293,18 +375,7 @@ class GradingService:
         )
 
 
-def _grade_input(it: _Item) -> GradeInput:
-    assert it.record is not None
-    return GradeInput(
-        prompt=it.record.prompt,
-        completion=it.completion,
-        answer=it.record.answer,
-        metadata=it.record.metadata,
-        completion_tokens=it.completion_tokens,
-    )
-
-
-def _result(it: _Item, row: GradeRow, *, cached: bool) -> wire.GradeResult:
+def _result(it: _Item, row: GradeRow, *, cached: bool, table: int | None) -> wire.GradeResult:
     return wire.GradeResult(
         sample_id=it.sample_id,
         slot=it.slot,
@@ -313,4 +384,5 @@ def _result(it: _Item, row: GradeRow, *, cached: bool) -> wire.GradeResult:
         components=row.components,
         error=row.error,
         cached=cached,
+        table=table,
     )

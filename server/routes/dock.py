@@ -18,7 +18,14 @@ from proctor.server.openapi import request_body
 
 router = APIRouter(prefix="/dock", tags=["experience store"], responses=error_responses(400, 413, 415, 422, 503))
 
-IterationPath = Annotated[int, Path(ge=0, le=2**62, description="The generation step.")]
+IterationPath = Annotated[
+    int,
+    Path(
+        ge=-(2**62),
+        le=2**62,
+        description="The table: a generation step, or -(step + 1) for the loose completions of that step.",
+    ),
+]
 NamePath = Annotated[str, Path(min_length=1, max_length=64, description="The consumer's name.")]
 LeasePath = Annotated[str, Path(min_length=1, max_length=64, description="The lease a dispatch returned.")]
 
@@ -55,7 +62,8 @@ async def open_table(
     body: Annotated[dw.OpenRequest, Depends(json_body(dw.OpenRequest))],
     server: DataserverDep,
 ) -> Response:
-    """Create the step's table of ``slots × group_size`` rows, or check its shape (idempotent).
+    """Create the step's table of ``slots × group_size`` rows, or check its shape (idempotent); a table that
+    ``/sample`` opened without a group size takes this one.
 
     For a step this server sampled, ``slots`` is its batch size, and every row gets the columns of its prompt:
     ``sample_id``, ``prompt``, ``reference`` (answer and metadata, for graders) and ``stage``.

@@ -25,8 +25,9 @@ async def create_sample(body: SampleRequestBody, server: DataserverDep, request:
     """The batch of prompts for ``iteration`` (or this rank's contiguous share of it).
 
     The first request for an iteration fixes its batch; every later request for it (a retry, another rank,
-    after a restart) gets the same samples.
+    after a restart) gets the same samples. The step's table in the experience store (``GET
+    /dock/tables/{iteration}``) is opened with each slot's prompt.
     """
     request.state.iteration = body.iteration
     # Already JSON (see SamplingService.sample); `response_model` documents its shape.
-    return Response(await server.sampling.sample(body), media_type="application/json")
+    return Response(await server.rollouts.sample(body), media_type="application/json")

@@ -753,7 +753,11 @@ BAD_INPUTS: list[tuple[str, Callable[[TransferDock], object], str]] = [
     ),
     ("open-slots-0", lambda d: d.open(1, slots=0, group_size=2), "slots: 0 is outside"),
     ("open-group_size-0", lambda d: d.open(1, slots=2, group_size=0), "group_size: 0 is outside"),
-    ("open-iteration-negative", lambda d: d.open(-1, slots=2, group_size=2), "iteration: -1 is outside"),
+    (
+        "open-iteration-too-low",
+        lambda d: d.open(-(2**62) - 1, slots=2, group_size=2),
+        "iteration: -4611686018427387905 is outside",
+    ),
 ]
 
 

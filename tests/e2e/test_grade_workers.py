@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,68 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_counts_nothing_twice(
         assert (state["consumed"], state["held"]) == (SLOTS * GROUP, 0)
         assert rewards(url, 0) == [float(len(t)) for t in texts]
         assert counted(url) == SLOTS * GROUP
+
+
+def plain_items(url: str, step: int, gate: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Sample ``step`` and build its /grade items as a client without the store does (no table opened)."""
+    answer = httpx.post(url + "/sample", json={"iteration": step, "batch_size": SLOTS})
+    samples = answer.raise_for_status().json()["samples"]
+    texts = completions(step, gate)
+    items = [
+        {"sample_id": samples[s]["sample_id"], "completion_index": k, "completion": texts[s * GROUP + k]}
+        for s in range(SLOTS)
+        for k in range(GROUP)
+    ]
+    return items, texts
+
+
+def test_a_plain_grade_is_graded_by_remote_workers_one_of_them_killed_mid_batch(
+    live_server: Callable[..., Any], curriculum: Path, gate: Path, workers: Callable[..., Worker]
+) -> None:
+    with live_server(curriculum=curriculum, grader_workers=0) as url, ThreadPoolExecutor(1) as client:
+        items, texts = plain_items(url, 0, gate)
+        first = workers(url)
+        answer = client.submit(httpx.post, url + "/grade", json={"iteration": 0, "items": items}, timeout=DEADLINE_S)
+        eventually(lambda: grading(url, 0)["held"] == SLOTS * GROUP, "the first worker holds every row")
+        workers(url)
+        first.proc.send_signal(signal.SIGKILL)  # mid-batch: its grader waits on the gate
+        first.proc.wait(timeout=10)
+        gate.unlink()
+        results = answer.result().raise_for_status().json()["results"]
+        assert [r["reward"] for r in results] == [float(len(t)) for t in texts]
+        assert rewards(url, 0) == [float(len(t)) for t in texts]
+        assert counted(url) == SLOTS * GROUP
+        # Posted again: the stored grades.
+        again = httpx.post(url + "/grade", json={"iteration": 0, "items": items}).json()["results"]
+        assert [(r["reward"], r["cached"]) for r in again] == [(float(len(t)), True) for t in texts]
+        assert counted(url) == SLOTS * GROUP
+
+
+def test_a_server_killed_between_storing_and_answering_a_grade_answers_its_retry_counting_once(
+    server_process: Callable[..., ServerProcess],
+    curriculum: Path,
+    gate: Path,
+    workers: Callable[..., Worker],
+    tmp_path: Path,
+) -> None:
+    server = server_process([str(curriculum), "--state", str(tmp_path / "state.db"), "--grader-workers", "0"])
+    url = server.url
+    items, texts = plain_items(url, 0, gate)
+    workers(url, lease_s=3.0)
+    with ThreadPoolExecutor(1) as client:
+        answer = client.submit(httpx.post, url + "/grade", json={"iteration": 0, "items": items}, timeout=DEADLINE_S)
+        # The completions are stored and a worker grades them (its grader waits on the gate): no answer yet.
+        eventually(lambda: grading(url, 0)["held"] == SLOTS * GROUP, "the worker holds every row")
+        server.kill()
+        with pytest.raises(httpx.TransportError):
+            answer.result()
+    server.start()
+    gate.unlink()
+    again = httpx.post(url + "/grade", json={"iteration": 0, "items": items}, timeout=DEADLINE_S)
+    assert [r["reward"] for r in again.raise_for_status().json()["results"]] == [float(len(t)) for t in texts]
+    assert counted(url) == SLOTS * GROUP
+    eventually(lambda: grading(url, 0)["all_consumed"], "every row is graded")
+    assert counted(url) == SLOTS * GROUP
 
 
 def test_a_result_for_rows_no_longer_held_is_refused_with_a_clear_message(

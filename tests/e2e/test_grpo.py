@@ -154,20 +154,20 @@ def test_grpo_against_the_dataserver(
     assert STEPS <= len(result["requested"]) <= STEPS + 2
     assert sample_requests == len(result["requested"]) + STEPS  # the test's own reads above
     assert len(result["calls"]) == STEPS
+    # Every requested step has its table (/sample opened it); the trained steps' completions and rewards are
+    # rows of theirs, whichever way they were graded.
+    assert sorted(tables) == result["requested"]
+    graded = {i: t for i, t in tables.items() if "completion" in t["written"]}
+    assert sorted(graded) == list(range(STEPS))
+    for t in graded.values():
+        columns = ("sample_id", "completion", "reward") + (("completion_ids",) if through == "store" else ())
+        assert {c: t["written"][c] for c in columns} == dict.fromkeys(columns, 8)
     if through == "grade":  # one /grade per generation batch, each for its own generation step
         assert grade_requests == STEPS
-        assert not tables
-    else:  # every step's completions and rewards are rows of its table in the experience store
+        assert {t["width"] for t in graded.values()} == {GENERATIONS}
+    else:
         assert grade_requests == 0
-        assert sorted(tables) == list(range(STEPS))
-        for t in tables.values():
-            assert (t["slots"], t["group_size"]) == (2, GENERATIONS)
-            assert {c: t["written"][c] for c in ("sample_id", "completion", "completion_ids", "reward")} == {
-                "sample_id": 8,
-                "completion": 8,
-                "completion_ids": 8,
-                "reward": 8,
-            }
+        assert {(t["slots"], t["group_size"]) for t in graded.values()} == {(2, GENERATIONS)}
     # Every completion counted once in the curriculum's statistics, whichever way it was graded.
     assert sum(stage["graded"] + stage["errors"] for stage in state["stages"]) == 8 * STEPS
     assert [c["iteration"] for c in result["calls"]] == [[i] * 8 for i in range(STEPS)]

@@ -64,8 +64,9 @@ def test_a_sampled_step_opened_with_another_batch_size_is_a_conflict(live_server
         with DockClient(url) as dock:
             with pytest.raises(ShapeConflictError, match=f"^iteration 0 was sampled with batch_size {SLOTS};"):
                 dock.open(0, slots=1, group_size=GROUP)  # the store's own error class, on the client too
-            with pytest.raises(UnknownIterationError):
-                dock.table(0)  # nothing was opened
+            # /sample opened the table, without a group size; the refused openings changed nothing.
+            info = dock.table(0)
+            assert (info.slots, info.group_size, info.rows) == (SLOTS, None, 0)
 
 
 def test_the_grader_role_grades_what_a_trainer_writes_and_counts_it_once(live_server: Callable[..., Any]) -> None:
@@ -127,14 +128,24 @@ def test_graders_describes_each_source_for_a_remote_worker(live_server: Callable
     assert qa["local"][1]["ref"].endswith("graders.py:half")
 
 
-def test_without_grader_processes_grade_needs_the_store(live_server: Callable[..., Any]) -> None:
-    with live_server(grader_workers=0) as url:
+def test_without_a_grader_a_plain_grade_answers_503_naming_the_command_and_keeps_the_completion(
+    live_server: Callable[..., Any],
+) -> None:
+    with live_server(grader_workers=0, grader_claim_timeout_s=0.3) as url, DockClient(url) as dock:
         samples = sample(url, 0)
         item = {"sample_id": samples[0]["sample_id"], "completion": "4"}
         answer = httpx.post(url + "/grade", json={"items": [item]})
         assert answer.status_code == 503
-        assert answer.json()["detail"].startswith(
-            "this server has no grader processes (PROCTOR_GRADER_WORKERS=0) and grades only through the experience "
-            "store: send each item's iteration and slot, for a step whose table is open"
+        assert answer.json()["detail"] == (
+            "no grader claimed the 1 completions of table 0 within 0.3s (PROCTOR_GRADER_CLAIM_TIMEOUT_S): this "
+            "server has no grader processes (PROCTOR_GRADER_WORKERS=0); start one with `proctor grade-worker "
+            "--server URL`. They stay queued: post them again to get their rewards"
         )
+        # Without an iteration the item takes the slot its record fills in the step that served it, queued for
+        # a grader.
+        assert dock.read(0, [(0, 0)], ["completion", "sample_id"]) == {
+            "completion": ["4"],
+            "sample_id": [samples[0]["sample_id"]],
+        }
+        assert dock.consumption(GRADER.name, 0).ready == 1
         assert httpx.get(url + "/healthz").status_code == 200

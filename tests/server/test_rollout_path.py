@@ -1,0 +1,157 @@
+"""One rollout path: every ``/sample`` opens its step's table, every ``/grade`` writes its completions there (or
+to the step's loose completions) and is graded by the grader role, and ``proctor export`` gives them back.
+A real server in a thread, real SQLite, the real ``datasets`` reader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import datasets
+import httpx
+from proctor.cli.main import main
+from proctor.client import DockClient
+
+BATCH = 4
+
+
+def sample(url: str, step: int, batch_size: int = BATCH) -> list[dict[str, Any]]:
+    answer = httpx.post(url + "/sample", json={"iteration": step, "batch_size": batch_size})
+    answer.raise_for_status()
+    return answer.json()["samples"]  # type: ignore[no-any-return]
+
+
+def answer_of(url: str, step: int, slot: int) -> str:
+    with DockClient(url) as dock:
+        return str(dock.read(step, [(slot, 0)], ["reference"])["reference"][0]["answer"])
+
+
+def grade(url: str, items: list[dict[str, Any]], iteration: int | None = None) -> httpx.Response:
+    body: dict[str, Any] = {"items": items}
+    if iteration is not None:
+        body["iteration"] = iteration
+    return httpx.post(url + "/grade", json=body)
+
+
+def test_sample_opens_its_steps_table_with_each_slots_prompt(live_server: Callable[..., Any]) -> None:
+    with live_server() as url, DockClient(url) as dock:
+        samples = sample(url, 0)
+        [table] = httpx.get(url + "/dock").json()["tables"]
+        assert table == {
+            "iteration": 0,
+            "slots": BATCH,
+            "group_size": None,
+            "width": 0,
+            "rows": 0,
+            "written": {},
+        }
+        rows = [(s, 0) for s in range(BATCH)]
+        values = dock.read(0, rows, ["sample_id", "prompt", "stage"])
+        assert values["sample_id"] == [s["sample_id"] for s in samples]
+        assert values["prompt"] == [s["prompt"] for s in samples]
+        assert values["stage"] == ["warm"] * BATCH
+        # A rank's share opens the same table; a trainer opening it later sets its group size.
+        httpx.post(url + "/sample", json={"iteration": 0, "batch_size": BATCH, "rank": 1, "world_size": 2})
+        info = dock.open(0, slots=BATCH, group_size=2)
+        assert (info.group_size, info.rows, info.written["sample_id"]) == (2, 2 * BATCH, 2 * BATCH)
+
+
+def test_a_plain_sample_then_grade_lands_in_the_store_and_exports(
+    live_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "rollouts.parquet"
+    with live_server() as url:
+        samples = sample(url, 0)
+        # As kolibrify's client sends them: the step, no slot, completions numbered per prompt by the server.
+        items = [
+            {"sample_id": s["sample_id"], "completion": answer_of(url, 0, slot) if k == 0 else "no idea"}
+            for slot, s in enumerate(samples)
+            for k in range(2)
+        ]
+        answer = grade(url, items, iteration=0)
+        assert answer.status_code == 200, answer.text
+        results = answer.json()["results"]
+        assert [(r["table"], r["slot"], r["completion_index"], r["reward"]) for r in results] == [
+            (0, slot, k, 1.0 if k == 0 else 0.0) for slot in range(BATCH) for k in range(2)
+        ]
+        table = httpx.get(url + "/dock/tables/0").json()
+        assert (table["width"], table["written"]["completion"], table["written"]["reward"]) == (2, 8, 8)
+        assert main(["export", str(out), "--server", url]) == 0
+    rows = datasets.load_dataset("parquet", data_files=str(out), split="train")
+    assert len(rows) == 2 * BATCH
+    assert rows["completion"] == [it["completion"] for it in items]
+    assert rows["reward"] == [r["reward"] for r in results]
+    assert set(rows["stage"]) == {"warm"} and set(rows["iteration"]) == {0}
+
+
+def test_a_completion_outside_every_served_batch_goes_to_its_steps_loose_table(
+    live_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "rollouts.jsonl"
+    with live_server() as url:
+        [s, *_] = sample(url, 0)
+        # Iteration 5 was never sampled (a trainer's global step, say): its completions are loose ones of step 5.
+        items = [{"sample_id": s["sample_id"], "completion": text} for text in ("7", "8")]
+        results = grade(url, items, iteration=5).json()["results"]
+        assert [(r["table"], r["slot"], r["completion_index"]) for r in results] == [(-6, None, 0), (-6, None, 1)]
+        # Posted again: the stored grades, nothing new in the store.
+        again = grade(url, items, iteration=5).json()["results"]
+        assert [(r["cached"], r["table"]) for r in again] == [(True, None), (True, None)]
+        table = httpx.get(url + "/dock/tables/-6").json()
+        assert (table["slots"], table["written"]["completion"], table["written"]["reward"]) == (1, 2, 2)
+        assert main(["export", str(out), "--server", url, "--iterations", "5:6"]) == 0
+    rows = datasets.load_dataset("json", data_files=str(out), split="train")
+    assert [(r["table"], r["iteration"], r["slot"], r["index"], r["completion"]) for r in rows] == [
+        (-6, 5, None, 0, "7"),
+        (-6, 5, None, 1, "8"),
+    ]
+
+
+def test_another_completion_for_a_graded_row_is_kept_beside_it_as_a_loose_one(live_server: Callable[..., Any]) -> None:
+    with live_server() as url, DockClient(url) as dock:
+        [s, *_] = sample(url, 0, batch_size=1)
+        first = grade(url, [{"sample_id": s["sample_id"], "slot": 0, "completion": "1"}], iteration=0)
+        # The step generated again (a resumed run): another completion for the same slot and index.
+        second = grade(url, [{"sample_id": s["sample_id"], "slot": 0, "completion": "2"}], iteration=0)
+        assert [r["table"] for r in first.json()["results"] + second.json()["results"]] == [0, -1]
+        assert dock.read(0, [(0, 0)], ["completion"])["completion"] == ["1"]
+        assert dock.read(-1, [(0, 0)], ["completion", "step", "step_slot"]) == {
+            "completion": ["2"],
+            "step": [0],
+            "step_slot": [0],
+        }
+        graded = sum(st["graded"] + st["errors"] for st in httpx.get(url + "/curriculum").json()["stages"])
+        assert graded == 2
+
+
+def test_a_completion_index_beyond_the_group_size_is_refused_and_nothing_is_written(
+    live_server: Callable[..., Any],
+) -> None:
+    with live_server() as url, DockClient(url) as dock:
+        samples = sample(url, 0, batch_size=2)
+        dock.open(0, slots=2, group_size=2)
+        items = [
+            {"sample_id": samples[0]["sample_id"], "slot": 0, "completion_index": 0, "completion": "1"},
+            {"sample_id": samples[1]["sample_id"], "slot": 1, "completion_index": 2, "completion": "1"},
+        ]
+        answer = grade(url, items, iteration=0)
+        assert answer.status_code == 422
+        assert answer.json()["detail"] == (
+            "items[1].completion_index: 2 is not below the group size 2 of iteration 0's table; send each "
+            "completion's index among its prompt's completions, from 0"
+        )
+        assert "completion" not in dock.table(0).written
+
+
+def test_a_completion_graded_with_an_error_is_graded_again_in_a_row_of_its_own(
+    live_server: Callable[..., Any],
+) -> None:
+    with live_server() as url:
+        meta = httpx.get(url + "/meta").json()
+        version = next(s["version"] for s in meta["sources"] if s["name"] == "faulty")
+        item: dict[str, Any] = {"sample_id": f"faulty:{version}:0", "completion": "3"}
+        first, again = (grade(url, [item]).json()["results"][0] for _ in range(2))
+        assert first["error"] and again["error"] and not again["cached"]
+        table = httpx.get(url + f"/dock/tables/{first['table']}").json()
+        assert table["written"]["reward"] == 2
