@@ -10,6 +10,7 @@ from typing import Any
 
 import datasets
 import httpx
+
 from proctor.cli.main import main
 from proctor.client import DockClient
 

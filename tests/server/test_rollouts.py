@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from proctor.client import DockClient
-from proctor.dock import ShapeConflictError, UnknownIterationError
+from proctor.dock import ShapeConflictError
 from proctor.dock.columns import GRADER
 
 SLOTS, GROUP = 3, 2
