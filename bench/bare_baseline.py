@@ -35,6 +35,7 @@ class SampleRequest(BaseModel):
 
 class GradeItem(BaseModel):
     sample_id: str
+    slot: int | None = None
     completion: str
     completion_index: int | None = None
     completion_tokens: int | None = None

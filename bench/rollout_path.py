@@ -2,10 +2,12 @@
 ``proctor serve`` process and of ``bench.bare_baseline`` (a minimal FastAPI app that keeps nothing), on the same
 rows, the same workload and the same machine.
 
-Workload, 8 connections each: ``/sample`` of new iterations, 16 prompts each; then ``/grade`` of 64 completions
-a request, each a short reasoning then a final number, every answer distinct across requests (no cache can
-help), graded by the ``math`` grader on both. proctor persists every batch and grade (SQLite, WAL) and grades in
-its grader processes (one per core); the baseline grades in its one process and keeps nothing.
+Workload, 8 connections each: ``/sample`` of new iterations, 16 prompts each; then ``/grade`` of one sampled
+step a request, 4 completions of each of its 16 prompts (64), each a short reasoning then a final number,
+every answer distinct across requests (no cache can help), graded by the ``math`` grader on both. proctor
+opens each step's table in its experience store, writes every completion and reward there and every batch
+and grade to its state (SQLite, WAL), and grades in its grader processes (one per core); the baseline grades
+in its one process and keeps nothing.
 """
 
 from __future__ import annotations
@@ -40,24 +42,32 @@ async def measure(port: int, seconds: float, answer_of: Callable[[str], str]) ->
         return drive(fn, seconds=seconds, concurrency=CONCURRENCY, host="127.0.0.1", port=port)
 
     iterations = itertools.count()
-    served: list[str] = []
+    served: list[tuple[int, list[str]]] = []
 
     async def new_sample(c: Connection) -> None:
-        answer = await c.json("POST", "/sample", {"iteration": next(iterations), "batch_size": SAMPLE_BATCH})
-        served.extend(s["sample_id"] for s in answer["samples"])
+        step = next(iterations)
+        answer = await c.json("POST", "/sample", {"iteration": step, "batch_size": SAMPLE_BATCH})
+        served.append((step, [s["sample_id"] for s in answer["samples"]]))
 
     sample = row(f"/sample new iteration (batch {SAMPLE_BATCH})", *await timed(new_sample))
     requests = itertools.count()
+    group = GRADE_ITEMS // SAMPLE_BATCH
 
     async def grade(c: Connection) -> None:
+        # A trainer's /grade: one sampled step's prompts, each with its group of completions.
         n = next(requests)
-        items = []
-        for k in range(GRADE_ITEMS):
-            sid = served[(n * GRADE_ITEMS + k) % len(served)]
-            items.append(
-                {"sample_id": sid, "completion": completion(answer_of(sid), n, k, False), "completion_index": k}
-            )
-        await c.json("POST", "/grade", {"items": items})
+        step, ids = served[n % len(served)]
+        items = [
+            {
+                "sample_id": sid,
+                "slot": slot,
+                "completion_index": k,
+                "completion": completion(answer_of(sid), n, slot * group + k, False),
+            }
+            for slot, sid in enumerate(ids)
+            for k in range(group)
+        ]
+        await c.json("POST", "/grade", {"iteration": step, "items": items})
 
     graded = row(f"/grade ({GRADE_ITEMS} completions)", *await timed(grade))
     return {"sample": sample, "grade": graded}
@@ -91,7 +101,10 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
         with baseline:
             bare = asyncio.run(measure(baseline.port, seconds, answer_of))
         args = [str(curriculum), "--state", str(folder / "state.db"), "--log-level", "warning"]
-        with ServerProcess(args, log=folder / "server.log", cwd=ROOT) as server:
+        # Every sampled step's table is kept, so that each /grade finds the step it grades (a trainer grades the
+        # step it just sampled; this load samples thousands first).
+        keep = {"PROCTOR_DOCK_KEEP_ITERATIONS": "1000000"}
+        with ServerProcess(args, log=folder / "server.log", cwd=ROOT, env=keep) as server:
             now = asyncio.run(measure(server.port, seconds, answer_of))
     results["proctor"] = {k: asdict(v) for k, v in now.items()}
     results["baseline"] = {k: asdict(v) for k, v in bare.items()}

@@ -28,7 +28,7 @@ import numpy as np
 
 from proctor.client.dock import DockClient
 from proctor.client.http import ProctorClient
-from proctor.dock import RowKey
+from proctor.dock import CellConflictError, RowKey
 from proctor.dock import columns as col
 from proctor.server.protocol import GradeItem
 
@@ -101,6 +101,9 @@ class RemoteReward:
         self.dock = DockClient(client=client)
         self._opened: set[int] = set()
         self._posted: dict[int, set[RowKey]] = defaultdict(set)
+        # Rows whose step was generated again (a run resumed mid-generation): their table holds the first
+        # attempt's completions, so the new ones are graded through /grade, as loose completions of the step.
+        self._again: dict[int, set[RowKey]] = defaultdict(set)
         if dataset is not None:
             dataset.fetcher.prefetch = False  # prefetching moves here, next to the wait for the graders
 
@@ -136,10 +139,26 @@ class RemoteReward:
             }
             if completion_ids is not None:
                 columns[col.COMPLETION_IDS] = [np.asarray(completion_ids[positions[n]], np.int32) for n in fresh]
-            self.dock.put(step, [rows[n] for n in fresh], columns)
+            keys = [rows[n] for n in fresh]
+            try:
+                self.dock.put(step, keys, columns)
+            except CellConflictError:
+                # The step was generated again (a run resumed mid-generation): rows that hold the first
+                # attempt's completions keep them, and the new ones are graded as loose completions.
+                again = self._held_by_others(step, keys, columns[col.COMPLETION])
+                keep = [m for m, key in enumerate(keys) if key not in again]
+                if keep:
+                    self.dock.put(step, [keys[m] for m in keep], {k: [v[m] for m in keep] for k, v in columns.items()})
+                self._again[step].update(again)
             self._posted[step].update(rows[n] for n in fresh)
         for step in [s for s in self._posted if s < max(by_step) - 8]:
             del self._posted[step]  # old steps are never posted again: keep memory bounded
+            self._again.pop(step, None)
+
+    def _held_by_others(self, step: int, rows: Sequence[RowKey], texts: Sequence[str]) -> set[RowKey]:
+        """Those of ``rows`` that already hold another completion than ``texts``."""
+        held = self.dock.read(step, rows, (col.COMPLETION,), missing="none")[col.COMPLETION]
+        return {row for row, was, now in zip(rows, held, texts, strict=True) if was is not None and was != now}
 
     def _open(self, step: int) -> None:
         if step in self._opened:
@@ -222,9 +241,14 @@ class RemoteReward:
             self.dataset.fetcher.prefetch_after(max(by_step))
         grades: list[_Grade | None] = [None] * len(completions)
         for step, positions in by_step.items():
-            if self.through == "store":
-                found = self._collect(step, [(int(slot[j]), int(completion_index[j])) for j in positions])
-            else:
+            again = self._again.get(step, set())
+            stored = [j for j in positions if (int(slot[j]), int(completion_index[j])) not in again]
+            if self.through == "store" and stored:
+                found = self._collect(step, [(int(slot[j]), int(completion_index[j])) for j in stored])
+                for j, got in zip(stored, found, strict=True):
+                    grades[j] = got
+                positions = [j for j in positions if (int(slot[j]), int(completion_index[j])) in again]
+            if positions:
                 items = [
                     GradeItem(
                         sample_id=sample_id[j],
@@ -235,9 +259,8 @@ class RemoteReward:
                     )
                     for j in positions
                 ]
-                found = self._grade(step, items)
-            for j, got in zip(positions, found, strict=True):
-                grades[j] = got
+                for j, got in zip(positions, self._grade(step, items), strict=True):
+                    grades[j] = got
 
         rewards: list[float | None] = []
         components: defaultdict[str, list[float]] = defaultdict(list)

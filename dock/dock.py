@@ -22,12 +22,13 @@ acknowledged and a restarted store hands out exactly what it would have. Retenti
 
 from __future__ import annotations
 
+import bisect
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -152,16 +153,21 @@ _CHUNK_CACHE_BYTES = 32 * 1024 * 1024
 @dataclass(slots=True)
 class _Column:
     """Where each written cell of one column is: its chunk (0 when not written) and its position there.
-    A column written per slot holds one cell per slot, shared by the slot's rows."""
+    A column written per slot holds one cell per slot, shared by the slot's rows. The arrays may be larger
+    than the table (room to grow into)."""
 
     per_slot: bool
     chunk: Index
     pos: npt.NDArray[np.int32]
+    count: int = 0
+    """Cells written."""
 
-    def written(self, width: int) -> npt.NDArray[np.bool_]:
+    def written(self, slots: int, width: int) -> npt.NDArray[np.bool_]:
         """The written rows, as a ``slots × width`` mask."""
-        mask = self.chunk != 0
-        return np.repeat(mask[:, None], width, axis=1) if self.per_slot else mask
+        if self.per_slot:
+            return np.repeat((self.chunk[:slots] != 0)[:, None], width, axis=1)
+        found: npt.NDArray[np.bool_] = self.chunk[:slots, :width] != 0
+        return found
 
 
 @dataclass(slots=True)
@@ -171,9 +177,16 @@ class _Table:
     group_size: int | None
     width: int
     """Rows per slot so far: the group size, or (while it is not set) one past the highest index written."""
-    columns: dict[str, _Column]
-    consumed: dict[str, npt.NDArray[np.bool_]]
-    held: dict[str, npt.NDArray[np.bool_]]
+    columns: dict[str, _Column] = field(default_factory=dict)
+    consumed: dict[str, npt.NDArray[np.bool_]] = field(default_factory=dict)
+    held: dict[str, npt.NDArray[np.bool_]] = field(default_factory=dict)
+    taken: dict[str, int] = field(default_factory=dict)
+    """Rows each consumer holds or has consumed."""
+    room: tuple[int, int] = (0, 0)
+    """The arrays' shape: at least ``slots × width``, doubled as the table grows so growing costs little."""
+
+    def __post_init__(self) -> None:
+        self.room = (self.slots, self.width)
 
     @property
     def rows(self) -> int:
@@ -185,40 +198,58 @@ class _Table:
     def grow(self, slots: int, width: int) -> None:
         """Make room for ``slots × width`` rows; new rows start unwritten, unconsumed and unheld."""
         slots, width = max(slots, self.slots), max(width, self.width)
-        if (slots, width) == (self.slots, self.width):
-            return
-        for column in self.columns.values():
-            pad = ((0, slots - self.slots),) if column.per_slot else ((0, slots - self.slots), (0, width - self.width))
-            column.chunk = np.pad(column.chunk, pad)
-            column.pos = np.pad(column.pos, pad)
-        for masks in (self.consumed, self.held):
-            for name, mask in masks.items():
-                masks[name] = np.pad(mask, ((0, slots - self.slots), (0, width - self.width)))
+        have_s, have_w = self.room
+        if slots > have_s or width > have_w:
+            room = (
+                max(slots, 2 * have_s) if slots > have_s else have_s,
+                max(width, 2 * have_w) if width > have_w else have_w,
+            )
+            grow_s, grow_w = room[0] - have_s, room[1] - have_w
+            for column in self.columns.values():
+                pad = ((0, grow_s),) if column.per_slot else ((0, grow_s), (0, grow_w))
+                column.chunk = np.pad(column.chunk, pad)
+                column.pos = np.pad(column.pos, pad)
+            for masks in (self.consumed, self.held):
+                for name, mask in masks.items():
+                    masks[name] = np.pad(mask, ((0, grow_s), (0, grow_w)))
+            self.room = room
         self.slots, self.width = slots, width
 
+    def take(self, consumer: str, rows: int) -> None:
+        self.taken[consumer] = self.taken.get(consumer, 0) + rows
+
     def mask(self, masks: dict[str, npt.NDArray[np.bool_]], name: str) -> npt.NDArray[np.bool_]:
-        """The mask of ``name``, created (all False) on first use: only for a change about to be made, so that
-        names a caller merely asks about take no memory."""
+        """The mask of ``name`` (a view of the table's rows), created (all False) on first use: only for a
+        change about to be made, so that names a caller merely asks about take no memory."""
         found = masks.get(name)
         if found is None:
-            found = masks[name] = np.zeros((self.slots, self.width), dtype=bool)
-        return found
+            found = masks[name] = np.zeros(self.room, dtype=bool)
+        return found[: self.slots, : self.width]
 
     def peek(self, masks: dict[str, npt.NDArray[np.bool_]], name: str) -> npt.NDArray[np.bool_]:
         """The mask of ``name`` to read (all False when there is none); never stored."""
         found = masks.get(name)
         if found is None:
             return np.zeros((self.slots, self.width), dtype=bool)
-        return found
+        return found[: self.slots, : self.width]
 
     def written(self, name: str) -> npt.NDArray[np.bool_]:
         column = self.columns.get(name)
-        return column.written(self.width) if column is not None else np.zeros((self.slots, self.width), dtype=bool)
+        if column is None:
+            return np.zeros((self.slots, self.width), dtype=bool)
+        return column.written(self.slots, self.width)
+
+    def rows_written(self, name: str) -> int:
+        """Rows whose cell of ``name`` is written."""
+        column = self.columns.get(name)
+        if column is None:
+            return 0
+        return column.count * self.width if column.per_slot else column.count
 
     def column(self, name: str, per_slot: bool) -> _Column:
         found = self.columns.get(name)
         if found is None:
-            shape = (self.slots,) if per_slot else (self.slots, self.width)
+            shape = (self.room[0],) if per_slot else self.room
             found = self.columns[name] = _Column(per_slot, np.zeros(shape, np.int64), np.zeros(shape, np.int32))
         return found
 
@@ -235,6 +266,11 @@ class _Fresh:
 def _age(iteration: int) -> tuple[int, bool]:
     """Tables in the order of the steps they belong to: a step's table, then its table of loose rows."""
     return (iteration, False) if iteration >= 0 else (-iteration - 1, True)
+
+
+def _iteration(age: tuple[int, bool]) -> int:
+    step, loose = age
+    return -step - 1 if loose else step
 
 
 class TransferDock:
@@ -263,6 +299,8 @@ class TransferDock:
         self._lock = threading.Lock()
         self._db = DockTables(path, synchronous=synchronous)
         self._tables: dict[int, _Table] = {}
+        # The kept iterations of each kind (steps, and tables of loose rows), oldest first: retention's order.
+        self._ages: dict[bool, list[tuple[int, bool]]] = {False: [], True: []}
         self._consumers: dict[str, Consumer] = {}
         self._leases: dict[str, Lease] = {}  # every lease of the tables kept, by token
         self._live: dict[str, Lease] = {}  # those still held: the ones expiry has to look at
@@ -272,9 +310,8 @@ class TransferDock:
 
     def _load(self) -> None:
         for info in self._db.tables():
-            self._tables[info.iteration] = _Table(
-                info.iteration, info.slots, info.group_size, info.group_size or 0, {}, {}, {}
-            )
+            self._tables[info.iteration] = _Table(info.iteration, info.slots, info.group_size, info.group_size or 0)
+            bisect.insort(self._ages[info.iteration < 0], _age(info.iteration))
         for chunk in self._db.chunks():
             table = self._tables.get(chunk.iteration)
             if table is None:
@@ -295,6 +332,8 @@ class TransferDock:
                 table.mask(table.held, lease.consumer)[where] = True
             elif lease.state == "collected":
                 table.mask(table.consumed, lease.consumer)[where] = True
+            if lease.state != "expired":
+                table.take(lease.consumer, len(lease.slots))
 
     def close(self) -> None:
         with self._lock:
@@ -323,18 +362,20 @@ class TransferDock:
             if table is not None:
                 self._reshape(table, slots, group_size)
                 return self._info(table)
-            same_kind = [i for i in self._tables if (i < 0) == (iteration < 0)]
-            if same_kind and _age(iteration) < min(map(_age, same_kind)) and len(same_kind) >= self.keep_iterations:
+            if not self._room_for(iteration):
                 raise UnknownIterationError(
                     f"iteration {iteration} is older than every table kept (the store keeps the last "
                     f"{self.keep_iterations}); it was dropped by retention or comes too late"
                 )
-            table = _Table(iteration, slots, group_size, group_size or 0, {}, {}, {})
-            kept = sorted([*same_kind, iteration], key=_age)
-            dropped = kept[: max(0, len(kept) - self.keep_iterations)]
+            table = _Table(iteration, slots, group_size, group_size or 0)
+            ages = self._ages[iteration < 0]
+            at = bisect.bisect(ages, _age(iteration))
+            ages = [*ages[:at], _age(iteration), *ages[at:]]
+            dropped = [_iteration(a) for a in ages[: max(0, len(ages) - self.keep_iterations)]]
             with self._db.transaction():
                 self._db.drop_tables(dropped)
                 self._db.add_table(table.stored())
+            self._ages[iteration < 0] = ages[len(dropped) :]
             for old in dropped:
                 del self._tables[old]
             if dropped:
@@ -348,12 +389,11 @@ class TransferDock:
         """Whether the table of ``iteration`` is kept, or would be if opened now (retention refuses one older
         than every table kept once they are ``keep_iterations``)."""
         with self._lock:
-            if iteration in self._tables:
-                return True
-            same_kind = [i for i in self._tables if (i < 0) == (iteration < 0)]
-            return not (
-                same_kind and _age(iteration) < min(map(_age, same_kind)) and len(same_kind) >= self.keep_iterations
-            )
+            return iteration in self._tables or self._room_for(iteration)
+
+    def _room_for(self, iteration: int) -> bool:
+        ages = self._ages[iteration < 0]
+        return not (ages and _age(iteration) < ages[0] and len(ages) >= self.keep_iterations)
 
     def _reshape(self, table: _Table, slots: int, group_size: int | None) -> None:
         """Check an opening of an existing table against its shape; a first group size is set here."""
@@ -392,6 +432,16 @@ class TransferDock:
                 self._db.set_shape(table.stored())
             return first
 
+    def kept(self) -> list[int]:
+        """The iterations whose tables are kept, oldest first (cheaper than :meth:`tables`)."""
+        with self._lock:
+            return sorted(self._tables, key=_age)
+
+    def has(self, iteration: int) -> bool:
+        """Whether the table of ``iteration`` is kept."""
+        with self._lock:
+            return iteration in self._tables
+
     def tables(self) -> list[TableInfo]:
         """The tables kept, oldest first."""
         with self._lock:
@@ -404,7 +454,8 @@ class TransferDock:
     def _info(self, table: _Table) -> TableInfo:
         written = {}
         for name in sorted(table.columns):
-            count = int(table.written(name).sum())
+            column = table.columns[name]
+            count = column.count * table.width if column.per_slot else column.count
             if count:
                 written[name] = count
         return TableInfo(table.iteration, table.slots, table.group_size, written, table.width)
@@ -430,13 +481,13 @@ class TransferDock:
     ) -> Consumer:
         """Declare a consumer, or check that it is declared with these columns (registering is idempotent)."""
         _check_name("name", name)
-        for field, columns in (("needs", needs), ("produces", produces)):
+        for what, columns in (("needs", needs), ("produces", produces)):
             if isinstance(columns, str):
-                raise DockInputError(field, f"a list of column names, not the string {columns!r}")
+                raise DockInputError(what, f"a list of column names, not the string {columns!r}")
             if len(columns) > self.limits.max_columns:
-                raise DockInputError(field, f"{len(columns)} columns; at most {self.limits.max_columns}")
+                raise DockInputError(what, f"{len(columns)} columns; at most {self.limits.max_columns}")
             for n, column in enumerate(columns):
-                _check_name(f"{field}[{n}]", column)
+                _check_name(f"{what}[{n}]", column)
         if not needs:
             raise DockInputError("needs", "a consumer needs at least one column, the one whose rows it reads")
         if dispatch_size is not None:
@@ -646,6 +697,7 @@ class TransferDock:
         where = slots if indices is None else (slots, indices)
         column.chunk[where] = chunk
         column.pos[where] = np.arange(len(slots), dtype=np.int32)
+        column.count += len(slots)  # only cells not written before are placed
 
     def _cache(self, chunk: int, blob: bytes) -> None:
         self._chunks[chunk] = blob
@@ -751,6 +803,8 @@ class TransferDock:
                 if groups:
                     candidates = [t for t in candidates if t.group_size is not None]
             for table in candidates:
+                if min(table.rows_written(need) for need in c.needs) <= table.taken.get(c.name, 0):
+                    continue  # every row whose needs are written is held or consumed: none is ready
                 slots, indices = self._choose(table, c, want, groups)
                 if len(slots):
                     return self._claim(
@@ -830,6 +884,7 @@ class TransferDock:
             self._db.add_lease(lease)
         self._leases[lease.lease] = self._live[lease.lease] = lease
         table.mask(table.held, c.name)[slots, indices] = True
+        table.take(c.name, len(slots))
         rows = tuple(zip(slots.tolist(), indices.tolist(), strict=True))
         return Dispatch(c.name, table.iteration, lease.lease, expires_at, rows, values, parts)
 
@@ -846,6 +901,7 @@ class TransferDock:
             del self._live[lease.lease]
             table = self._tables[lease.iteration]  # a lease leaves _live when its table is dropped
             table.mask(table.held, lease.consumer)[lease.slots, lease.indices] = False
+            table.take(lease.consumer, -len(lease.slots))
 
     def _lease(self, token: str, now: float) -> Lease:
         lease = self._leases.get(token)

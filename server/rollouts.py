@@ -47,7 +47,7 @@ from proctor.server.sampling import SamplingService
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.store import NO_SLOT, GradeKey, GradeRow
 
-__all__ = ["Completion", "Enqueued", "Rollouts"]
+__all__ = ["Completion", "Enqueued", "Rollouts", "Signal"]
 
 _OPENED = 4096  # steps remembered as opened, so a repeated /sample costs no store call
 _RECOVER_ROWS = 4096
@@ -87,8 +87,10 @@ class Rollouts:
         self.experience = experience
         self.sampling = sampling
         self.ledger = ledger
-        self._changed = asyncio.Condition()
-        self._version = 0
+        self.written = Signal()
+        """Rows were written: what this server's grader role waits for."""
+        self.collected = Signal()
+        """Rows were collected: what ``/grade`` waits for, when another holder grades its rows."""
         self._opened: dict[int, None] = {}
         # Per table of loose completions: the slots holding each (step, sample_id, step_slot). Used on the
         # store's thread only; rebuilt from the table after a restart.
@@ -126,13 +128,13 @@ class Rollouts:
         if served is not None and col.SAMPLE_ID not in info.written:
             # A step sampled before its table could be opened (by a server without the store, say).
             info = await x.call(_open_sampled, x.dock, self.ctx.curriculum, served)
-            await self._notify()
+            await self.written.notify()
         return info
 
     async def put(self, iteration: int, body: dw.PutRequest) -> None:
         x = self.experience
         await x.call(_put, x.dock, iteration, body)
-        await self._notify()
+        await self.written.notify()
 
     async def enqueue(self, completions: Sequence[Completion], *, claim: bool, lease_s: float) -> Enqueued:
         """Write completions to their rows (a step's slot, or the step's loose completions), and with
@@ -141,7 +143,7 @@ class Rollouts:
         stages = {c.step: self.ctx.progress.stage_of(c.step) for c in completions}
         names = {step: self.ctx.curriculum.stages[stage].name for step, stage in stages.items()}
         enqueued = await x.call(_enqueue, x.dock, self._loose, completions, names, claim, lease_s)
-        await self._notify()
+        # No wake-up: the rows are leased to the caller, or wait for remote grade-workers, which poll.
         return enqueued
 
     async def collect(self, lease: str, columns: Mapping[str, Sequence[Value]], *, record: bool = True) -> Collected:
@@ -152,7 +154,7 @@ class Rollouts:
         if record:
             await self._collected(collected, columns)
         else:
-            await self._notify()
+            await self.collected.notify()
         return collected
 
     async def collect_wire(self, lease: str, body: dw.CollectRequest) -> Collected:
@@ -165,19 +167,7 @@ class Rollouts:
     async def _collected(self, collected: Collected, columns: Mapping[str, Sequence[Value]]) -> None:
         if collected.consumer == col.GRADER.name:
             await self._record_grades(collected, columns)
-        await self._notify()
-
-    @property
-    def version(self) -> int:
-        """Counts the writes and collections so far: what :meth:`wait_for_change` compares with."""
-        return self._version
-
-    async def wait_for_change(self, since: int, timeout_s: float) -> None:
-        """Return once rows were written or collected after :attr:`version` was ``since``, or after
-        ``timeout_s``."""
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(lambda: self._version != since), timeout_s)
+        await self.collected.notify()
 
     async def rewards(self, table: int, rows: Sequence[RowKey], timeout_s: float) -> dict[str, list[Value]]:
         """The grader role's columns of ``rows`` once all are written. A 503 when no grader role has claimed
@@ -186,7 +176,7 @@ class Rollouts:
         start = time.monotonic()
         claim_by = start + self.ctx.settings.grader_claim_timeout_s
         while True:
-            since = self._version
+            since = self.collected.version
             try:
                 return await x.call(x.dock.read, table, rows, (col.REWARD, col.REWARD_DETAIL))
             except RequestError as exc:
@@ -211,7 +201,7 @@ class Rollouts:
                     "the graders are busy or slow: raise PROCTOR_GRADER_TIMEOUT_S or add grade-workers, and post "
                     "them again to get their rewards"
                 )
-            await self.wait_for_change(since, min(claim_by - now if now < claim_by else timeout_s, 1.0))
+            await self.collected.wait(since, min(claim_by - now if now < claim_by else timeout_s, 1.0))
 
     async def recover(self) -> None:
         """Store and count every grade the store holds that the state file lacks: a server killed after the
@@ -251,10 +241,24 @@ class Rollouts:
             grades.append(GradeRow(key, stage, source, float(reward), components, error))
         await self.ledger.record(grades)
 
-    async def _notify(self) -> None:
+
+class Signal:
+    """A counter of events and a way to wait for the next one."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self.version = 0
+
+    async def notify(self) -> None:
         async with self._changed:
-            self._version += 1
+            self.version += 1
             self._changed.notify_all()
+
+    async def wait(self, since: int, timeout_s: float) -> None:
+        """Return once :attr:`version` is past ``since``, or after ``timeout_s``."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.version != since), timeout_s)
 
 
 def grade_key(step: int, sample_id: str, step_slot: int | None, index: int, completion: str) -> GradeKey:
@@ -328,7 +332,7 @@ def _enqueue(
     by_step: dict[int, list[int]] = {}
     for n, c in enumerate(completions):
         (by_step.setdefault(c.step, []) if c.step_slot is not None else loose).append(n)
-    kept = {t.iteration: t for t in dock.tables()}
+    kept = {i: dock.table(i) for i in {c.step for c in completions if c.step_slot is not None} if dock.has(i)}
     # Every check before the first write: a refused request writes nothing.
     for step, ns in by_step.items():
         group = kept[step].group_size if step in kept else None
@@ -408,7 +412,7 @@ def _place_loose(
     for home, ns in sorted(by_table.items()):
         table = _loose_home(dock, -home - 1) if not dock.retains(home) else home
         placed: dict[int, tuple[int, int]] = {}
-        exists = table in {t.iteration for t in dock.tables()}
+        exists = dock.has(table)
         slots = _loose_index(dock, loose_slots, table) if exists else loose_slots.setdefault(table, {})
         if not exists:
             slots.clear()
@@ -474,7 +478,7 @@ def _loose_home(dock: TransferDock, step: int) -> int:
     """The table of a step's loose completions; the newest one kept when retention would refuse the step's
     own as too old."""
     table = col.loose_table(step)
-    return table if dock.retains(table) else min(t.iteration for t in dock.tables() if t.iteration < 0)
+    return table if dock.retains(table) else min(i for i in dock.kept() if i < 0)
 
 
 def _loose_create(dock: TransferDock, table: int, slots: int) -> int:

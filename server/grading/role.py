@@ -90,10 +90,10 @@ class GraderRole:
         graders = self.rollouts.ctx.curriculum.graders
         while not self._stopping:
             try:
-                since = self.rollouts.version
+                since = self.rollouts.written.version
                 batch = await x.call(x.dock.dispatch, col.GRADER.name, ROWS_PER_DISPATCH, lease_s=self.lease_s)
                 if batch.lease is None:
-                    await self.rollouts.wait_for_change(since, _IDLE_S)
+                    await self.rollouts.written.wait(since, _IDLE_S)
                     continue
                 async with renewing(self._renew, batch.lease, self.lease_s):
                     columns = await grade_rows(self.fanout, graders, batch.columns)

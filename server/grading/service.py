@@ -85,8 +85,9 @@ class GradingService:
                 for it in items
                 if it.record is not None and ((prior := stored.get(it.key)) is None or prior.error is not None)
             ]
-            enqueued = await self._enqueue(fresh, {it.key for it in fresh if it.key in stored})
-        # Grading, here or by a remote grader role, runs outside the loop share.
+        # The store's work (on its thread) and grading (in other processes, or remote) run outside the loop
+        # share: a request waiting for them holds up no other.
+        enqueued = await self._enqueue(fresh, {it.key for it in fresh if it.key in stored})
         values = await self._grade(enqueued.leases)
         waiting = [it for it in fresh if it.row not in values]
         values.update(await self._wait(waiting))

@@ -246,3 +246,32 @@ def test_with_the_dataset_the_next_prompts_are_fetched_while_grading(client: Pro
     ds.fetcher._pool.submit(lambda: None).result()  # the prefetch thread has run what was queued
     assert ds.requested == [0, 1, 2]
     ds.close()
+
+
+def test_a_step_generated_again_after_a_resume_is_graded_beside_the_first_attempt(client: ProctorClient) -> None:
+    from types import SimpleNamespace
+
+    from proctor.client import DockClient
+    from proctor.client.dataset import RemoteRLDataset
+
+    args = SimpleNamespace(
+        per_device_train_batch_size=4, world_size=1, process_index=0, steps_per_generation=1,
+        num_generations=2, shuffle_dataset=False, max_steps=5, num_train_epochs=1,
+    )  # fmt: skip
+    ds = RemoteRLDataset(client, args)
+    rows = ds.__getitems__([0, 0, 1, 1])
+    keys = {k: [r[k] for r in rows] for k in ("sample_id", "slot", "completion_index", "iteration")}
+    answers = [str(eval(r["metadata"]["expression"])) for r in rows]
+    # The first attempt, then the step generated again with other completions by a resumed run (a new
+    # reward function, as in a new process): both are graded, neither refuses the other.
+    first = remote_reward(client, dataset=ds)(prompts=["p"] * 4, completions=["no"] * 4, **keys)
+    second = remote_reward(client, dataset=ds)(prompts=["p"] * 4, completions=answers, **keys)
+    ds.close()
+    assert (first, second) == ([0.0] * 4, [1.0] * 4)
+    with DockClient(client=client) as dock:
+        step_rows = [(int(s), int(k)) for s, k in zip(keys["slot"], keys["completion_index"], strict=True)]
+        assert dock.read(0, step_rows, ["completion"])["completion"] == ["no"] * 4
+        loose = dock.table(-1)
+        assert loose.written["completion"] == 4
+        loose_rows = [(s, k) for s in range(loose.slots) for k in range(2)]
+        assert sorted(dock.read(-1, loose_rows, ["step_slot"])["step_slot"]) == [0, 0, 1, 1]
