@@ -11,9 +11,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from bench._http import Connection
 
-__all__ = ["GRADE_ITEMS", "ROWS", "Row", "completion", "drive", "percentile", "row", "write_curriculum"]
+__all__ = [
+    "GRADE_ITEMS",
+    "ROWS",
+    "Row",
+    "completion",
+    "dispatch_requests",
+    "drive",
+    "percentile",
+    "row",
+    "write_curriculum",
+]
 
 GRADE_ITEMS = 64
 ROWS = 5_000
@@ -91,3 +103,11 @@ def completion(answer: str, n: int, k: int, latex: bool) -> str:
     value = int(answer) if k % 4 == 0 else int(answer) + 1 + n * GRADE_ITEMS + k
     final = f"\\boxed{{\\frac{{{4 * value}}}{{2}} - {value}}}" if latex else str(value)
     return f"<think>working {n}-{k}</think>{final}"
+
+
+def dispatch_requests(url: str) -> int:
+    """Dispatches the server at ``url`` has answered (a grade-worker's first one says it is up)."""
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith('proctor_requests_total{method="POST",route="/dock/consumers/{name}/dispatch"'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0

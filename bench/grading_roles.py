@@ -25,8 +25,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-import httpx
 
+from bench._load import dispatch_requests
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
 from proctor.client import DockClient
@@ -110,7 +110,7 @@ def scale_out(tmp: Path, curriculum: Path) -> list[dict[str, Any]]:
             try:
                 # Each worker has asked for work once its grader processes are up.
                 deadline = time.monotonic() + 60
-                while _dispatches(server.url) < count and time.monotonic() < deadline:
+                while dispatch_requests(server.url) < count and time.monotonic() < deadline:
                     time.sleep(0.05)
                 per_s = _graded_per_s(server.url, 0)
             finally:
@@ -121,13 +121,6 @@ def scale_out(tmp: Path, curriculum: Path) -> list[dict[str, Any]]:
             label = f"{count} grade-worker{'s' if count > 1 else ''} ({count * PROCESSES} processes)"
             results.append({"graders": label, "per_s": per_s})
     return results
-
-
-def _dispatches(url: str) -> int:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith('proctor_requests_total{method="POST",route="/dock/consumers/{name}/dispatch"'):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
 
 
 # --- overlap ----------------------------------------------------------------------------------------------

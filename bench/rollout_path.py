@@ -17,14 +17,17 @@ import asyncio
 import itertools
 import os
 import platform
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from bench._http import Connection
-from bench._load import GRADE_ITEMS, Row, completion, drive, row, write_curriculum
+from bench._load import GRADE_ITEMS, Row, completion, dispatch_requests, drive, row, write_curriculum
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
 
@@ -32,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = 8
 SAMPLE_BATCH = 16
 SECONDS = 8.0
+REMOTE_WORKERS = 2
 TARGETS = {"sample": "≥ 1.0×, p99 ≤ 10 ms", "grade": "≥ 1.0×, p99 ≤ 100 ms"}
 
 
@@ -106,7 +110,27 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
         keep = {"PROCTOR_DOCK_KEEP_ITERATIONS": "1000000"}
         with ServerProcess(args, log=folder / "server.log", cwd=ROOT, env=keep) as server:
             now = asyncio.run(measure(server.port, seconds, answer_of))
+        # The grader role in two `proctor grade-worker` processes instead (one grader process each: as many as
+        # the server's own pool has on this machine), the server grading nothing itself.
+        args = [str(curriculum), "--state", str(folder / "remote.db"), "--log-level", "warning"]
+        with ServerProcess([*args, "--grader-workers", "0"], log=folder / "remote.log", cwd=ROOT, env=keep) as server:
+            cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", server.url, "--workers", "1"]
+            workers = [
+                subprocess.Popen([*cmd, "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL)
+                for _ in range(REMOTE_WORKERS)
+            ]
+            try:
+                deadline = time.monotonic() + 60
+                while dispatch_requests(server.url) < REMOTE_WORKERS and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                remote = asyncio.run(measure(server.port, seconds, answer_of))
+            finally:
+                for w in workers:
+                    w.terminate()
+                for w in workers:
+                    w.wait(timeout=30)
     results["proctor"] = {k: asdict(v) for k, v in now.items()}
+    results["remote"] = asdict(remote["grade"])
     results["baseline"] = {k: asdict(v) for k, v in bare.items()}
     return results
 
@@ -124,6 +148,15 @@ def table(results: dict[str, Any]) -> str:
             f"| {p.name} | {p.per_second:.0f} | {p.p99_ms:.1f} | {b.per_second:.0f} | {b.p99_ms:.1f} | "
             f"{ratio:.2f}× | {TARGETS[key]} |"
         )
+    remote, local = Row(**results["remote"]), Row(**results["proctor"]["grade"])
+    lines += [
+        "",
+        "| /grade's grader role | req/s | p99 ms | ÷ the server's pool | target |",
+        "| --- | ---: | ---: | ---: | --- |",
+        f"| the server's pool | {local.per_second:.0f} | {local.p99_ms:.1f} | 1.00× | |",
+        f"| {REMOTE_WORKERS} `proctor grade-worker`s, 1 grader process each | {remote.per_second:.0f} | "
+        f"{remote.p99_ms:.1f} | {remote.per_second / local.per_second:.2f}× | ≥ 0.9× |",
+    ]
     return "\n".join(lines)
 
 

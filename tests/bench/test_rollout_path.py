@@ -35,7 +35,9 @@ def test_a_short_run_measures_both_servers_alike() -> None:
     for side in ("proctor", "baseline"):
         assert set(results[side]) == {"sample", "grade"}
         assert all(results[side][key]["requests"] > 0 for key in ("sample", "grade"))
+    assert results["remote"]["requests"] > 0  # /grade with two grade-workers as the grader role
     lines = rollout_path.table(results).splitlines()
     assert lines[2].startswith("| /sample new iteration (batch 16) |")
     assert lines[3].startswith("| /grade (64 completions) |")
-    assert all(re.search(r"\| \d+\.\d\d× \|", line) for line in lines[2:]), lines
+    assert lines[8].startswith("| 2 `proctor grade-worker`s, 1 grader process each |")
+    assert all(re.search(r"\| \d+\.\d\d× \|", line) for line in [*lines[2:4], *lines[7:9]]), lines
