@@ -115,6 +115,7 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
         args = [str(curriculum), "--state", str(folder / "remote.db"), "--log-level", "warning"]
         with ServerProcess([*args, "--grader-workers", "0"], log=folder / "remote.log", cwd=ROOT, env=keep) as server:
             cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", server.url, "--workers", "1"]
+            cmd += ["--rows-per-dispatch", str(GRADE_ITEMS)]
             workers = [
                 subprocess.Popen([*cmd, "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL)
                 for _ in range(REMOTE_WORKERS)

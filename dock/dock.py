@@ -27,7 +27,8 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -296,7 +297,7 @@ class TransferDock:
         self.keep_iterations = keep_iterations
         self.limits = limits or DockLimits()
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._db = DockTables(path, synchronous=synchronous)
         self._tables: dict[int, _Table] = {}
         # The kept iterations of each kind (steps, and tables of loose rows), oldest first: retention's order.
@@ -304,9 +305,29 @@ class TransferDock:
         self._consumers: dict[str, Consumer] = {}
         self._leases: dict[str, Lease] = {}  # every lease of the tables kept, by token
         self._live: dict[str, Lease] = {}  # those still held: the ones expiry has to look at
+        # Per consumer, the tables that may have rows ready for it: a dispatch without an iteration looks at
+        # these only. A table leaves when a dispatch finds nothing there, and comes back with a write to it,
+        # or an expired lease of the consumer's in it.
+        self._maybe: dict[str, set[int]] = {}
         self._chunks: OrderedDict[int, bytes] = OrderedDict()  # recently written or read chunks' cells
         self._chunk_bytes = 0
         self._load()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Make the calls inside one transaction: one commit for all (say, the tables of several steps opened
+        at once). A call that fails rolls back every call of the batch."""
+        with self._lock:
+            try:
+                with self._db.transaction():
+                    yield
+            except BaseException:
+                # What the calls before the failure changed in memory was rolled back on disk: read it again.
+                self._tables, self._consumers, self._leases, self._live, self._maybe = {}, {}, {}, {}, {}
+                self._ages = {False: [], True: []}
+                self._chunks, self._chunk_bytes = OrderedDict(), 0  # rolled-back chunk ids are used again
+                self._load()
+                raise
 
     def _load(self) -> None:
         for info in self._db.tables():
@@ -321,6 +342,7 @@ class TransferDock:
             self._place(table, chunk.name, chunk.slots, chunk.indices, chunk.id)
         for name, needs, produces, dispatch_size in self._db.consumers():
             self._consumers[name] = Consumer(name, needs, produces, dispatch_size)
+            self._maybe[name] = set(self._tables)
         for lease in self._db.leases():
             table = self._tables.get(lease.iteration)
             if table is None:
@@ -378,11 +400,15 @@ class TransferDock:
             self._ages[iteration < 0] = ages[len(dropped) :]
             for old in dropped:
                 del self._tables[old]
+                for maybe in self._maybe.values():
+                    maybe.discard(old)
             if dropped:
                 gone = set(dropped)
                 self._leases = {k: v for k, v in self._leases.items() if v.iteration not in gone}
                 self._live = {k: v for k, v in self._live.items() if v.iteration not in gone}
             self._tables[iteration] = table
+            for maybe in self._maybe.values():
+                maybe.add(iteration)
             return self._info(table)
 
     def retains(self, iteration: int) -> bool:
@@ -506,6 +532,7 @@ class TransferDock:
             with self._db.transaction():
                 self._db.add_consumer(name, consumer.needs, consumer.produces, dispatch_size)
             self._consumers[name] = consumer
+            self._maybe[name] = set(self._tables)
             return consumer
 
     def consumers(self) -> list[Consumer]:
@@ -669,21 +696,28 @@ class TransferDock:
             fresh[name] = _Fresh(slots[new], None if indices is None else indices[new], [cells[int(n)] for n in new])
         return fresh
 
-    def _store_cells(self, table: _Table, fresh: Mapping[str, _Fresh]) -> dict[str, int]:
-        """Write :meth:`_fresh_cells`' cells, a chunk per column, inside the caller's transaction."""
-        ids = {}
+    def _store_cells(self, table: _Table, fresh: Mapping[str, _Fresh]) -> dict[str, tuple[int, bytes]]:
+        """Write :meth:`_fresh_cells`' cells, a chunk per column, inside the caller's transaction; returns each
+        column's chunk id and cells."""
+        stored = {}
         for name, f in fresh.items():
             if f.cells:
                 blob = pack_cells(f.cells)
-                ids[name] = self._db.add_chunk(table.iteration, name, f.slots, f.indices, blob)
-                self._cache(ids[name], blob)
-        return ids
+                stored[name] = (self._db.add_chunk(table.iteration, name, f.slots, f.indices, blob), blob)
+        return stored
 
-    def _mark_written(self, table: _Table, fresh: Mapping[str, _Fresh], ids: Mapping[str, int]) -> None:
+    def _mark_written(
+        self, table: _Table, fresh: Mapping[str, _Fresh], stored: Mapping[str, tuple[int, bytes]]
+    ) -> None:
         """Record :meth:`_store_cells`' chunks as written, once their transaction has committed."""
         for name, f in fresh.items():
-            if name in ids:
-                self._place(table, name, f.slots, f.indices, ids[name])
+            if name in stored:
+                chunk, blob = stored[name]
+                self._place(table, name, f.slots, f.indices, chunk)
+                self._cache(chunk, blob)
+        if stored:
+            for maybe in self._maybe.values():
+                maybe.add(table.iteration)
 
     def _place(
         self,
@@ -799,17 +833,17 @@ class TransferDock:
                         "groups", f"iteration {iteration} has no group_size yet; open it with one to hand out groups"
                     )
             else:
-                candidates = [self._tables[i] for i in sorted(self._tables, key=_age)]
+                candidates = [self._tables[i] for i in sorted(self._maybe[c.name], key=_age)]
                 if groups:
                     candidates = [t for t in candidates if t.group_size is not None]
             for table in candidates:
-                if min(table.rows_written(need) for need in c.needs) <= table.taken.get(c.name, 0):
-                    continue  # every row whose needs are written is held or consumed: none is ready
                 slots, indices = self._choose(table, c, want, groups)
                 if len(slots):
                     return self._claim(
                         table, c, slots, indices, now + lease_s, dp_size, groups, balance_by, max_tokens_per_microbatch
                     )
+                if iteration is None and not groups:
+                    self._maybe[c.name].discard(table.iteration)
             return Dispatch(consumer, iteration, None, None, (), {}, ())
 
     def claim(self, consumer: str, iteration: int, rows: Sequence[RowKey], *, lease_s: float = 60.0) -> Dispatch:
@@ -840,6 +874,9 @@ class TransferDock:
         return ready
 
     def _choose(self, table: _Table, c: Consumer, want: int, groups: bool) -> tuple[Index, Index]:
+        if min(table.rows_written(need) for need in c.needs) <= table.taken.get(c.name, 0):
+            # Every row whose needs are written is held or consumed: none is ready.
+            return np.empty(0, np.int64), np.empty(0, np.int64)
         ready = self._ready(table, c)
         if not groups:
             flat = np.flatnonzero(ready)[:want]
@@ -902,6 +939,7 @@ class TransferDock:
             table = self._tables[lease.iteration]  # a lease leaves _live when its table is dropped
             table.mask(table.held, lease.consumer)[lease.slots, lease.indices] = False
             table.take(lease.consumer, -len(lease.slots))
+            self._maybe[lease.consumer].add(lease.iteration)
 
     def _lease(self, token: str, now: float) -> Lease:
         lease = self._leases.get(token)

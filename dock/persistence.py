@@ -188,6 +188,10 @@ class DockTables:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        """One transaction; inside another, part of that one (committed or rolled back with it)."""
+        if self._db.in_transaction:
+            yield
+            return
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield

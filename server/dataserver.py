@@ -98,6 +98,7 @@ class Dataserver:
         if self._pool is not None:
             await self._pool.close()
         await self._http.aclose()
+        await self.rollouts.close()
         await self.experience.close()
         await self.ctx.storage.close()
 

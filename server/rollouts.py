@@ -51,6 +51,7 @@ __all__ = ["Completion", "Enqueued", "Rollouts", "Signal"]
 
 _OPENED = 4096  # steps remembered as opened, so a repeated /sample costs no store call
 _RECOVER_ROWS = 4096
+_SIGNALS = 1024  # tables whose collections /grade can wait for at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +90,11 @@ class Rollouts:
         self.ledger = ledger
         self.written = Signal()
         """Rows were written: what this server's grader role waits for."""
-        self.collected = Signal()
-        """Rows were collected: what ``/grade`` waits for, when another holder grades its rows."""
+        self.collected: dict[int, Signal] = {}
+        """Per table, rows were collected: what ``/grade`` waits for, when another holder grades its rows."""
         self._opened: dict[int, None] = {}
+        self._opening: dict[int, asyncio.Future[None]] = {}
+        self._opener: asyncio.Task[None] | None = None
         # Per table of loose completions: the slots holding each (step, sample_id, step_slot). Used on the
         # store's thread only; rebuilt from the table after a restart.
         self._loose: dict[int, dict[tuple[int, str, int], list[int]]] = {}
@@ -100,18 +103,45 @@ class Rollouts:
         """``/sample``: the batch, with its step's table opened in the store."""
         body = await self.sampling.sample(req)
         if req.iteration not in self._opened:
-            batch = await self.sampling.served(req.iteration)
-            assert batch is not None  # it was just served
-            x = self.experience
-            try:
-                await x.call(_open_sampled, x.dock, self.ctx.curriculum, batch)
-            except RequestError as exc:
-                if exc.code != UnknownIterationError.code:  # a step older than every table kept is served alone
-                    raise
-            self._opened[req.iteration] = None
-            if len(self._opened) > _OPENED:
-                del self._opened[next(iter(self._opened))]
+            await self._open_step(req.iteration)
         return body
+
+    async def close(self) -> None:
+        """Finish opening the steps sampled last."""
+        if self._opener is not None:
+            with contextlib.suppress(Exception):
+                await self._opener
+
+    async def _open_step(self, iteration: int) -> None:
+        """Open a sampled step's table. The steps sampled meanwhile are opened together, in one call of the
+        store and one commit: opening is most of what a new step costs the server."""
+        pending = self._opening.get(iteration)
+        if pending is None:
+            pending = self._opening[iteration] = asyncio.get_running_loop().create_future()
+            pending.add_done_callback(_retrieved)
+            if self._opener is None or self._opener.done():
+                self._opener = asyncio.create_task(self._open_pending(), name="open-sampled-steps")
+        await asyncio.shield(pending)
+
+    async def _open_pending(self) -> None:
+        x = self.experience
+        while self._opening:
+            opening, self._opening = self._opening, {}
+            try:
+                batches = [b for i in opening if (b := await self.sampling.served(i)) is not None]
+                await x.call(_open_all_sampled, x.dock, self.ctx.curriculum, batches)
+            except BaseException as exc:
+                for future in opening.values():
+                    if not future.done():
+                        future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for iteration, future in opening.items():
+                self._opened[iteration] = None
+                future.set_result(None)
+            while len(self._opened) > _OPENED:
+                del self._opened[next(iter(self._opened))]
 
     async def open(self, iteration: int, slots: int, group_size: int | None) -> TableInfo:
         """Open the step's table; for a step this server sampled, its prompt's columns are written."""
@@ -154,7 +184,7 @@ class Rollouts:
         if record:
             await self._collected(collected, columns)
         else:
-            await self.collected.notify()
+            await self._signal(collected.iteration).notify()
         return collected
 
     async def collect_wire(self, lease: str, body: dw.CollectRequest) -> Collected:
@@ -167,7 +197,15 @@ class Rollouts:
     async def _collected(self, collected: Collected, columns: Mapping[str, Sequence[Value]]) -> None:
         if collected.consumer == col.GRADER.name:
             await self._record_grades(collected, columns)
-        await self.collected.notify()
+        await self._signal(collected.iteration).notify()
+
+    def _signal(self, table: int) -> Signal:
+        signal = self.collected.get(table)
+        if signal is None:
+            signal = self.collected[table] = Signal()
+            if len(self.collected) > _SIGNALS:  # the oldest tables' waiters still wake, by their timeout
+                del self.collected[next(iter(self.collected))]
+        return signal
 
     async def rewards(self, table: int, rows: Sequence[RowKey], timeout_s: float) -> dict[str, list[Value]]:
         """The grader role's columns of ``rows`` once all are written. A 503 when no grader role has claimed
@@ -176,7 +214,8 @@ class Rollouts:
         start = time.monotonic()
         claim_by = start + self.ctx.settings.grader_claim_timeout_s
         while True:
-            since = self.collected.version
+            signal = self._signal(table)
+            since = signal.version
             try:
                 return await x.call(x.dock.read, table, rows, (col.REWARD, col.REWARD_DETAIL))
             except RequestError as exc:
@@ -201,7 +240,7 @@ class Rollouts:
                     "the graders are busy or slow: raise PROCTOR_GRADER_TIMEOUT_S or add grade-workers, and post "
                     "them again to get their rewards"
                 )
-            await self.collected.wait(since, min(claim_by - now if now < claim_by else timeout_s, 1.0))
+            await signal.wait(since, min(claim_by - now if now < claim_by else timeout_s, 1.0))
 
     async def recover(self) -> None:
         """Store and count every grade the store holds that the state file lacks: a server killed after the
@@ -280,6 +319,20 @@ def _put(dock: TransferDock, iteration: int, body: dw.PutRequest) -> None:
 
 def _reference(record: Record) -> dict[str, Any]:
     return {"answer": record.answer, "metadata": dict(record.metadata)}
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Mark a future's exception as seen: its waiter may have gone (a cancelled request)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _open_all_sampled(dock: TransferDock, curriculum: Curriculum, batches: Sequence[ServedBatch]) -> None:
+    """Open the tables of sampled steps in one commit; a step older than every table kept is left without."""
+    with dock.batch():
+        for served in batches:
+            with contextlib.suppress(UnknownIterationError):
+                _open_sampled(dock, curriculum, served)
 
 
 def _open_sampled(dock: TransferDock, curriculum: Curriculum, served: ServedBatch) -> TableInfo:

@@ -194,10 +194,10 @@ class GradingService:
         async for it in paced(fresh):
             reward, components, error = values[it.row]
             rows[it.key] = GradeRow(it.key, it.stage, it.source, reward, components, error)
-        # The grades this request graded, and those it waited for (which their collector recorded already,
-        # unless it stopped in between: recording is idempotent, so they count once either way).
-        raced = await self.ledger.record(list(rows.values()))
-        raced -= {it.key for it in waited}
+        # The grades this request graded itself. Those it waited for were recorded by their collector (or, for
+        # a server killed in between, by the next start's recovery).
+        others = {it.key for it in waited}
+        raced = await self.ledger.record([row for key, row in rows.items() if key not in others])
         if raced:
             # Another request stored the same grade meanwhile; answer with that one, count it once.
             stored.update(await ctx.storage.find_grades(raced))
