@@ -129,12 +129,23 @@ def storage_cost(steps: int = COST_STEPS) -> dict[str, float]:
         }
 
 
-def storage_cost_before(ref: str = CELL_LAYOUT) -> dict[str, float] | None:
-    """:func:`storage_cost` run against the store of commit ``ref``; None when this clone lacks it."""
+def in_process(steps: int = 5) -> dict[str, float]:
+    """Rows per second written and read in-process, binary encoding (a row of :func:`run`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dock = TransferDock(Path(tmp, "inproc.db"), keep_iterations=steps + 1)
+        try:
+            return _measure(dock, "binary", steps)
+        finally:
+            dock.close()
+
+
+def before(what: str, ref: str = CELL_LAYOUT) -> dict[str, float] | None:
+    """This module's function ``what`` (:func:`storage_cost` or :func:`in_process`) run against the store of
+    commit ``ref``; None when this clone lacks it."""
     if not available(ref):
         return None
     with checkout(ref) as (env, _module):
-        code = "import json; from bench.dock_throughput import storage_cost; print(json.dumps(storage_cost()))"
+        code = f"import json; from bench.dock_throughput import {what}; print(json.dumps({what}()))"
         pythonpath = f"{env['PYTHONPATH']}:{Path(__file__).resolve().parents[1]}"
         done = subprocess.run(
             [sys.executable, "-c", code], env={"PYTHONPATH": pythonpath}, capture_output=True, text=True, check=True
@@ -143,17 +154,20 @@ def storage_cost_before(ref: str = CELL_LAYOUT) -> dict[str, float] | None:
     return found
 
 
-def cost_table(now: dict[str, float], before: dict[str, float] | None) -> str:
+def cost_table(
+    now: dict[str, float], then: dict[str, float] | None, speed: dict[str, float], speed_then: dict[str, float] | None
+) -> str:
     lines = [
-        f"| per graded completion ({COST_SLOTS} × {COST_GROUP} steps) | SQL rows written | bytes on disk |",
-        "|---|---:|---:|",
+        "| store layout | SQL rows per graded completion | bytes per graded completion | in-process rows/s "
+        "written | read |",
+        "|---|---:|---:|---:|---:|",
     ]
-    if before is not None:
-        lines.append(
-            f"| a row per cell ({CELL_LAYOUT}) | {before['rows_per_completion']:.2f} | "
-            f"{before['bytes_per_completion']:,.0f} |"
-        )
-    lines.append(f"| column chunks | {now['rows_per_completion']:.2f} | {now['bytes_per_completion']:,.0f} |")
+    for name, cost, rate in ((f"a row per cell ({CELL_LAYOUT})", then, speed_then), ("column chunks", now, speed)):
+        if cost is not None and rate is not None:
+            lines.append(
+                f"| {name} | {cost['rows_per_completion']:.2f} | {cost['bytes_per_completion']:,.0f} | "
+                f"{rate['write_rows_per_s']:,.0f} | {rate['read_rows_per_s']:,.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -172,11 +186,15 @@ def main(argv: Sequence[str] = ()) -> None:
     parser.add_argument("--steps", type=int, default=5, help="tables written and read per variant (median)")
     args = parser.parse_args(list(argv))
     results = run(args.steps)
-    cost, before = storage_cost(), storage_cost_before()
-    save("dock_throughput", {"throughput": results, "storage": {"chunks": cost, "cells": before}})
+    cost, cost_then = storage_cost(), before("storage_cost")
+    speed, speed_then = in_process(args.steps), before("in_process")
+    save(
+        "dock_throughput",
+        {"throughput": results, "storage": {"chunks": cost, "cells": cost_then}, "layouts": [speed, speed_then]},
+    )
     print(table(results))
     print()
-    print(cost_table(cost, before))
+    print(cost_table(cost, cost_then, speed, speed_then))
 
 
 if __name__ == "__main__":
