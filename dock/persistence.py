@@ -153,8 +153,10 @@ class DockTables:
     def _from_cell_layout(self) -> None:
         """Move a file of the per-cell layout to chunks: a chunk per column of each table, a lease's flat rows
         as (slot, index) pairs. Consumption was the rows of the collected leases, which stay."""
-        self._db.executescript(_CELL_LAYOUT)
-        self._db.executescript(_SCHEMA)
+        # Statement by statement: executescript would commit the transaction this runs in.
+        for statement in (_CELL_LAYOUT + _SCHEMA).split(";"):
+            if statement.strip():
+                self._db.execute(statement)
         self._db.execute(
             "INSERT INTO dock_tables SELECT iteration, slots, group_size, created_at FROM dock_tables_cells"
         )

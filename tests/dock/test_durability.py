@@ -214,3 +214,55 @@ def test_written_lists_only_columns_with_cells_and_is_the_same_after_reopening(d
         before = dict(dock.table(0).written)
     with opened(dock_path) as dock:
         assert dict(dock.table(0).written) == before == {"prompt": 1}
+
+
+# The layout before column chunks: a SQL row per cell (rows numbered slot × group_size + index) and per
+# consumed row, a lease's rows as one int64 blob.
+CELL_LAYOUT = """
+CREATE TABLE dock_tables (iteration INTEGER PRIMARY KEY, slots INTEGER NOT NULL, group_size INTEGER NOT NULL,
+                          created_at REAL NOT NULL);
+CREATE TABLE dock_cells (id INTEGER PRIMARY KEY, iteration INTEGER NOT NULL, name TEXT NOT NULL,
+                         row INTEGER NOT NULL, value BLOB NOT NULL, UNIQUE (iteration, name, row));
+CREATE TABLE dock_consumers (name TEXT PRIMARY KEY, needs TEXT NOT NULL, produces TEXT NOT NULL, dispatch_size INTEGER);
+CREATE TABLE dock_leases (lease TEXT PRIMARY KEY, consumer TEXT NOT NULL, iteration INTEGER NOT NULL,
+                          rows BLOB NOT NULL, expires_at REAL NOT NULL, state TEXT NOT NULL);
+CREATE TABLE dock_consumed (consumer TEXT NOT NULL, iteration INTEGER NOT NULL, row INTEGER NOT NULL,
+                            PRIMARY KEY (consumer, iteration, row)) WITHOUT ROWID;
+"""
+
+
+def test_a_file_of_the_per_cell_layout_is_moved_to_chunks_with_its_cells_and_leases(dock_path: Path) -> None:
+    import sqlite3
+
+    from proctor.dock.values import encode_cell
+
+    db = sqlite3.connect(dock_path)
+    db.executescript(CELL_LAYOUT)
+    db.execute("INSERT INTO dock_tables VALUES (3, 2, 2, 0)")
+    texts = ["a", "b", "c", "d"]  # rows 0..3: (0, 0), (0, 1), (1, 0), (1, 1)
+    db.executemany(
+        "INSERT INTO dock_cells (iteration, name, row, value) VALUES (3, 'completion', ?, ?)",
+        [(row, encode_cell("c", t)) for row, t in enumerate(texts)],
+    )
+    db.execute(
+        "INSERT INTO dock_cells (iteration, name, row, value) VALUES (3, 'reward', 1, ?)", (encode_cell("r", 1.0),)
+    )
+    db.execute("""INSERT INTO dock_consumers VALUES ('grader', '["completion"]', '["reward"]', NULL)""")
+    rows = np.array([1], dtype="<i8").tobytes()
+    db.execute("INSERT INTO dock_leases VALUES ('done', 'grader', 3, ?, 0, 'collected')", (rows,))
+    held = np.array([2], dtype="<i8").tobytes()
+    db.execute("INSERT INTO dock_leases VALUES ('live', 'grader', 3, ?, ?, 'held')", (held, time.time() + 600))
+    db.execute("INSERT INTO dock_consumed VALUES ('grader', 3, 1)")
+    db.commit()
+    db.close()
+
+    with opened(dock_path) as dock:
+        assert dock.read(3, all_rows(2, 2), ["completion"])["completion"] == texts
+        assert dock.read(3, all_rows(2, 2), ["reward"], missing="none")["reward"] == [None, 1.0, None, None]
+        c = dock.consumption("grader", 3)
+        assert (c.rows, c.consumed, c.held, c.ready) == (4, 1, 1, 2)
+        assert dock.collect("live", {"reward": [0.0]}).rows == ((1, 0),)
+    db = sqlite3.connect(dock_path)
+    names = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    db.close()
+    assert names == {"dock_tables", "dock_chunks", "dock_consumers", "dock_leases"}
