@@ -272,3 +272,35 @@ def test_a_source_smaller_than_a_few_batches_trains(
     repeated = [c for c in result["calls"] if len(set(c["sample_id"])) < 3]
     assert (len(repeated) == 8) if rows == 2 else not repeated
     assert state["stages"][0]["graded"] == 8 * 6  # every completion of every slot graded once
+
+
+@pytest.mark.parametrize("trainer_cls", [GRPOTrainer, ProctorGRPOTrainer], ids=["stock", "proctor"])
+def test_a_run_resumed_in_the_middle_of_a_generation_trains_on_through_the_store(
+    live_server: Callable[..., Any], curriculum: Path, tiny_model: Path, tmp_path: Path, trainer_cls: type[Any]
+) -> None:
+    """A checkpoint after the first of a generation's two optimizer steps: stock TRL generates that step again
+    on resume, with other completions than the ones the store holds from the first run."""
+    config_cls = ProctorGRPOConfig if trainer_cls is ProctorGRPOTrainer else GRPOConfig
+    values = grpo_values(tmp_path, steps_per_generation=4, max_steps=3, save_steps=1, save_strategy="steps")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    with live_server(curriculum=curriculum) as url:
+        for resume in (None, str(tmp_path / "run" / "checkpoint-1")):
+            client = ProctorClient(url, retries=8, backoff=0.2)
+            config = config_cls(**{**values, "seed": 0 if resume is None else 1})
+            dataset = RemoteRLDataset(client, config, processing_class=tokenizer)
+            trainer = trainer_cls(
+                model=str(tiny_model),
+                reward_funcs=RemoteReward(client, dataset=dataset),
+                args=config,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+            )
+            trainer.train(resume_from_checkpoint=resume)
+            assert trainer.state.global_step == 3
+            dataset.close()
+            client.close()
+        graded = sum(s["graded"] + s["errors"] for s in httpx.get(url + "/curriculum").json()["stages"])
+        loose = [t for t in httpx.get(url + "/dock").json()["tables"] if t["iteration"] < 0]
+    # Both runs' completions are graded and kept: the second run's new ones of a step as loose completions.
+    assert graded > 8 * 2
+    assert loose or trainer_cls is ProctorGRPOTrainer
