@@ -48,3 +48,24 @@ def test_two_processes_share_every_generation_step(
         for r in ranks:
             [call] = [c for c in r["calls"] if c["iteration"][0] == step]
             assert len(set(call["sample_id"])) == 1  # each rank's half of the group is the same prompt
+
+
+def test_two_processes_resumed_in_the_middle_of_a_generation_train_on_through_the_store(
+    live_server: Callable[..., Any], tiny_model: Path, tmp_path: Path
+) -> None:
+    """Stock TRL on two processes, rewards through the store: a checkpoint after the first of a generation's
+    two optimizer steps, then a run resumed from it (another seed: other completions of that step)."""
+    script = Path(__file__).with_name("ddp_grpo.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    with live_server() as url:
+        for resume, seed in (("-", "1"), (str(tmp_path / "run" / "checkpoint-1"), "2")):
+            cmd = [
+                sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                str(script), url, str(tiny_model), str(tmp_path), str(STEPS), "store", "2", resume, seed,
+            ]  # fmt: skip
+            run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        tables = httpx.get(url + "/dock").json()["tables"]
+    # The resumed run's new completions of the interrupted step are kept beside the first run's.
+    assert any(t["iteration"] < 0 and t["written"].get("reward") for t in tables), tables
