@@ -129,21 +129,39 @@ def run() -> tuple[list[Run], dict[str, object]]:
                     for c, sid in zip(completions, sample_id, strict=True)
                 ]
 
+            runs_served = 0
+            grade_ms: list[float] = []
             for _ in range(ROUNDS):
                 reward_ms: list[float] = []
                 steps = _train(model, config, local_ds, _timed(local_reward, reward_ms))
                 runs.append(Run("in-memory Dataset + local reward", steps, reward_ms[WARMUP:], [0.0]))
 
-                reward_ms = []
-                fetch_ms: list[float] = []
-                remote = RemoteRLDataset(client, config, processing_class=AutoTokenizer.from_pretrained(model))
-                # The transform is the only place a step can wait for the server's prompts: time it.
-                remote.set_transform(_timed(remote.fetcher, fetch_ms))
-                reward = remote_reward(client, dataset=remote, through="grade")  # the table's /grade path
-                steps = _train(model, config, remote, _timed(reward, reward_ms))
-                remote.close()
-                runs.append(Run("RemoteRLDataset + remote_reward", steps, reward_ms[WARMUP:], fetch_ms))
-            server_grade_ms = _server_mean_ms(server.url, "/grade")
+                for through in ("grade", "store"):
+                    # A run of its own on the server (same curriculum and seed, so the same prompts): the store
+                    # keeps the latest steps' tables, and a step a run already wrote is another attempt of it.
+                    runs_served += 1
+                    state = str(Path(tmp) / f"run-{runs_served}.db")
+                    fresh = ServerProcess(
+                        [str(builtin_path("arithmetic")), "--state", state, "--log-level", "warning"],
+                        log=Path(tmp) / f"server-{runs_served}.log",
+                    )
+                    with fresh, ProctorClient(fresh.url) as remote_client:
+                        reward_ms = []
+                        fetch_ms: list[float] = []
+                        tokenizer = AutoTokenizer.from_pretrained(model)
+                        remote = RemoteRLDataset(remote_client, config, processing_class=tokenizer)
+                        # The transform is the only place a step can wait for the server's prompts: time it.
+                        remote.set_transform(_timed(remote.fetcher, fetch_ms))
+                        reward = remote_reward(remote_client, dataset=remote, through=through)
+                        steps = _train(model, config, remote, _timed(reward, reward_ms))
+                        remote.close()
+                        if through == "grade":
+                            grade_ms.append(_server_mean_ms(fresh.url, "/grade"))
+                    path = "/grade" if through == "grade" else "the store"
+                    runs.append(
+                        Run(f"RemoteRLDataset + remote_reward through {path}", steps, reward_ms[WARMUP:], fetch_ms)
+                    )
+            server_grade_ms = statistics.mean(grade_ms)
     env: dict[str, object] = {
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -185,9 +203,13 @@ def table(runs: list[Run]) -> str:
             f"| {variant} | {len(steps)} | {medians[variant]:.1f} | {p90:.1f} | {statistics.median(rewards):.2f} | "
             f"{statistics.median(fetches):.2f} |"
         )
-    local, remote = medians.values()
-    lines.append(f"| **added by the dataserver** | | **{remote - local:+.1f}** | | | |")
-    lines.append(f"| ratio remote / local | | {remote / local:.3f} | | | |")
+    local = next(iter(medians.values()))
+    for variant, remote in list(medians.items())[1:]:
+        path = variant.rsplit(" through ", 1)[-1]
+        lines.append(
+            f"| **added by the dataserver, through {path}** | | **{remote - local:+.1f}** ({remote / local:.3f}×) "
+            "| | | |"
+        )
     return "\n".join(lines)
 
 

@@ -107,8 +107,11 @@ class DockClient:
         columns: Sequence[str],
         *,
         missing: Literal["error", "none"] = "error",
+        wait_s: float = 0.0,
     ) -> dict[str, list[Value]]:
-        body = _request(dw.ReadRequest, rows=list(rows), columns=list(columns), missing=missing)
+        """As :meth:`TransferDock.read`; with ``wait_s``, the server waits that long for unwritten cells to be
+        written before it answers that they are not."""
+        body = _request(dw.ReadRequest, rows=list(rows), columns=list(columns), missing=missing, wait_s=wait_s)
         return dw.columns_from_wire(self._call("POST", f"/dock/tables/{iteration}/read", dw.ReadBody, body).columns)
 
     # --- consuming ------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import numpy as np
 
 from proctor.client.dock import DockClient
 from proctor.client.http import ProctorClient
-from proctor.dock import CellConflictError, RowKey
+from proctor.dock import CellConflictError, CellsMissingError, RowKey, UnknownIterationError
 from proctor.dock import columns as col
 from proctor.server.protocol import GradeItem
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RemoteReward", "remote_reward"]
 
-_POLL_S = (0.005, 0.05)  # first and longest wait between reads of rewards not yet written
+_WAIT_S = 10.0  # longest a read of rewards not yet written is held by the server
 
 # One completion's reward, the score of each grader that gave one, and the failure, if any.
 _Grade = tuple[float, Mapping[str, float], str | None]
@@ -104,6 +104,7 @@ class RemoteReward:
         # Rows whose step was generated again (a run resumed mid-generation): their table holds the first
         # attempt's completions, so the new ones are graded through /grade, as loose completions of the step.
         self._again: dict[int, set[RowKey]] = defaultdict(set)
+        self._outside: set[int] = set()  # steps whose tables the store no longer keeps
         if dataset is not None:
             dataset.fetcher.prefetch = False  # prefetching moves here, next to the wait for the graders
 
@@ -130,7 +131,8 @@ class RemoteReward:
             fresh = [n for n, row in enumerate(rows) if row not in self._posted[step]]
             if not fresh:
                 continue
-            self._open(step)
+            if not self._open(step):
+                continue
             columns: dict[str, list[Any]] = {
                 col.COMPLETION: [_text(completions[positions[n]]) for n in fresh],
                 col.COMPLETION_TOKENS: [
@@ -160,34 +162,44 @@ class RemoteReward:
         held = self.dock.read(step, rows, (col.COMPLETION,), missing="none")[col.COMPLETION]
         return {row for row, was, now in zip(rows, held, texts, strict=True) if was is not None and was != now}
 
-    def _open(self, step: int) -> None:
+    def _open(self, step: int) -> bool:
+        """Open the step's table; False when the store no longer keeps it (a step older than every table kept:
+        its completions are graded through /grade instead)."""
         if step in self._opened:
-            return
+            return True
+        if step in self._outside:
+            return False
         assert self.dataset is not None
         layout = self.dataset.layout
-        self.dock.open(step, slots=layout.prompts_per_generation, group_size=layout.num_generations)
+        try:
+            self.dock.open(step, slots=layout.prompts_per_generation, group_size=layout.num_generations)
+        except UnknownIterationError:
+            self._outside.add(step)
+            if len(self._outside) > 64:
+                self._outside.discard(min(self._outside))
+            return False
         self._opened.add(step)
         if len(self._opened) > 64:
             self._opened.discard(min(self._opened))
+        return True
 
     def _collect(self, step: int, rows: Sequence[RowKey]) -> list[_Grade]:
-        """The grades of ``rows``, once the grader role has written them all."""
+        """The grades of ``rows``, once the grader role has written them all: the server holds the read until
+        they are (up to a few seconds a request, so that a read never outlives the connection's timeout)."""
         deadline = time.monotonic() + self.timeout_s
-        wait = _POLL_S[0]
         names = (col.REWARD, col.REWARD_DETAIL)
         while True:
-            values = self.dock.read(step, rows, names, missing="none")
-            if all(v is not None for v in values[col.REWARD]):
+            left = deadline - time.monotonic()
+            try:
+                values = self.dock.read(step, rows, names, wait_s=max(0.0, min(left, _WAIT_S)))
                 break
-            if time.monotonic() > deadline:
-                missing = sum(v is None for v in values[col.REWARD])
-                raise TimeoutError(
-                    f"{missing} of {len(rows)} completions of iteration {step} were not graded within "
-                    f"{self.timeout_s:g}s; is a grader role running (the server's grader processes, or "
-                    "`proctor grade-worker --server URL` when PROCTOR_GRADER_WORKERS=0)?"
-                )
-            time.sleep(wait)
-            wait = min(wait * 2, _POLL_S[1])
+            except CellsMissingError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"completions of iteration {step} were not graded within {self.timeout_s:g}s; is a "
+                        "grader role running (the server's grader processes, or `proctor grade-worker --server "
+                        "URL` when PROCTOR_GRADER_WORKERS=0)?"
+                    ) from None
         grades: list[_Grade] = []
         for reward, detail in zip(values[col.REWARD], values[col.REWARD_DETAIL], strict=True):
             grades.append((float(reward), *col.parse_reward_detail(detail)))
@@ -243,6 +255,8 @@ class RemoteReward:
         for step, positions in by_step.items():
             again = self._again.get(step, set())
             stored = [j for j in positions if (int(slot[j]), int(completion_index[j])) not in again]
+            if step in self._outside:
+                stored = []
             if self.through == "store" and stored:
                 found = self._collect(step, [(int(slot[j]), int(completion_index[j])) for j in stored])
                 for j, got in zip(stored, found, strict=True):

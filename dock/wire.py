@@ -164,6 +164,12 @@ class ReadRequest(_Wire):
     missing: Literal["error", "none"] = Field(
         default="error", description="Unwritten cells: a 409 (error), or null values (none)."
     )
+    wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=60,
+        description="With missing=error, how long to wait for unwritten cells to be written before the 409.",
+    )
 
 
 class ReadBody(_Wire):

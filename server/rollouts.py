@@ -18,9 +18,9 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from proctor.dock import (
     CellsMissingError,
@@ -49,9 +49,12 @@ from proctor.server.store import NO_SLOT, GradeKey, GradeRow
 
 __all__ = ["Completion", "Enqueued", "Rollouts", "Signal"]
 
+T = TypeVar("T")
+
 _OPENED = 4096  # steps remembered as opened, so a repeated /sample costs no store call
 _RECOVER_ROWS = 4096
 _SIGNALS = 1024  # tables whose collections /grade can wait for at once
+_LOOK_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +257,21 @@ class Rollouts:
             for start in range(0, len(rows), _RECOVER_ROWS):
                 part = tuple(rows[start : start + _RECOVER_ROWS])
                 await self._record_grades(Collected(col.GRADER.name, info.iteration, part), {})
+
+    async def when_written(self, table: int, wait_s: float, read: Callable[[], Awaitable[T]]) -> T:
+        """``read()`` once it no longer fails for cells not yet written, or its failure after ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            signal = self._signal(table)
+            since = signal.version
+            try:
+                return await read()
+            except RequestError as exc:
+                left = deadline - time.monotonic()
+                if exc.code != CellsMissingError.code or left <= 0:
+                    raise
+            # Collections wake it at once; other writes are seen at the next look.
+            await signal.wait(since, min(left, _LOOK_S))
 
     async def _record_grades(self, collected: Collected, columns: Mapping[str, Sequence[Value]]) -> None:
         """Store and count the grades the grader role collected. Its reward columns are in ``columns``, unless

@@ -105,8 +105,13 @@ async def read_rows(
     body: Annotated[dw.ReadRequest, Depends(json_body(dw.ReadRequest))],
     server: DataserverDep,
 ) -> Response:
-    """The values of cells, by index (never waits; unwritten cells are a 409, or nulls with ``missing: none``)."""
+    """The values of cells, by index. Unwritten cells are a 409, or nulls with ``missing: none``; with
+    ``wait_s``, the 409 comes only once that long passed without them being written."""
     x = server.experience
+    if body.wait_s > 0 and body.missing == "error":
+        return await server.rollouts.when_written(
+            iteration, body.wait_s, lambda: x.call(_read, x.dock, iteration, body)
+        )
     return await x.call(_read, x.dock, iteration, body)
 
 

@@ -275,3 +275,25 @@ def test_a_step_generated_again_after_a_resume_is_graded_beside_the_first_attemp
         assert loose.written["completion"] == 4
         loose_rows = [(s, k) for s in range(loose.slots) for k in range(2)]
         assert sorted(dock.read(-1, loose_rows, ["step_slot"])["step_slot"]) == [0, 0, 1, 1]
+
+
+def test_a_step_whose_table_the_store_no_longer_keeps_is_graded_through_grade(
+    live_server: Callable[..., AbstractContextManager[str]],
+) -> None:
+    from types import SimpleNamespace
+
+    from proctor.client.dataset import RemoteRLDataset
+
+    args = SimpleNamespace(
+        per_device_train_batch_size=4, world_size=1, process_index=0, steps_per_generation=1,
+        num_generations=2, shuffle_dataset=False, max_steps=5, num_train_epochs=1,
+    )  # fmt: skip
+    with live_server(dock_keep_iterations=1) as url, ProctorClient(url) as client:
+        ds = RemoteRLDataset(client, args)
+        rows = ds.__getitems__([0, 0, 1, 1])
+        client.sample(1, 2)  # the store keeps one step: step 1's table drops step 0's
+        answers = [str(eval(r["metadata"]["expression"])) for r in rows]
+        keys = {k: [r[k] for r in rows] for k in ("sample_id", "slot", "completion_index", "iteration")}
+        rewards = remote_reward(client, dataset=ds)(prompts=["p"] * 4, completions=answers, **keys)
+        ds.close()
+    assert rewards == [1.0] * 4
