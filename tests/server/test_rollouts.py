@@ -149,3 +149,25 @@ def test_without_a_grader_a_plain_grade_answers_503_naming_the_command_and_keeps
         }
         assert dock.consumption(GRADER.name, 0).ready == 1
         assert httpx.get(url + "/healthz").status_code == 200
+
+
+def test_a_read_with_wait_s_answers_once_the_cells_are_written(live_server: Callable[..., Any]) -> None:
+    import threading
+
+    with live_server() as url, DockClient(url) as dock:
+        samples = sample(url, 0)
+        dock.open(0, slots=SLOTS, group_size=GROUP)
+        body = {"rows": [[0, 0]], "columns": ["reward"], "wait_s": 30}
+        # Nothing writes it: after wait_s, the 409 of a read that does not wait.
+        late = httpx.post(url + "/dock/tables/0/read", json={**body, "wait_s": 0.2})
+        assert (late.status_code, late.json()["code"]) == (409, "cells_missing")
+        item = {"sample_id": samples[0]["sample_id"], "slot": 0, "completion_index": 0, "completion": "7"}
+        grading = threading.Timer(0.3, lambda: httpx.post(url + "/grade", json={"iteration": 0, "items": [item]}))
+        grading.start()
+        answer = httpx.post(url + "/dock/tables/0/read", json=body, timeout=60)
+        grading.join()
+        assert answer.status_code == 200
+        assert answer.json()["columns"]["reward"]["values"][0] in (0.0, 1.0)
+        too_long = httpx.post(url + "/dock/tables/0/read", json={**body, "wait_s": 61})
+        assert too_long.status_code == 422
+        assert too_long.json()["detail"].startswith("wait_s: ")
