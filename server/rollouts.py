@@ -398,7 +398,6 @@ def _enqueue(
 ) -> Enqueued:
     """:meth:`Rollouts.enqueue` on the store's thread: every call of the store's runs there one at a time, so
     what this reads is still so when it writes."""
-    placed: list[tuple[int, int, int] | None] = [None] * len(completions)
     loose: list[int] = []
     by_step: dict[int, list[int]] = {}
     for n, c in enumerate(completions):
@@ -414,6 +413,27 @@ def _enqueue(
                     f"{completions[n].completion_index} is not below the group size {group} of iteration {step}'s "
                     "table; send each completion's index among its prompt's completions, from 0",
                 )
+    try:
+        # One commit for the request's writes and its lease.
+        with dock.batch():
+            return _write_and_claim(dock, loose_slots, completions, stage_names, claim, lease_s, by_step, loose, kept)
+    except BaseException:
+        loose_slots.clear()  # slots the batch added were rolled back with it: read the tables again
+        raise
+
+
+def _write_and_claim(
+    dock: TransferDock,
+    loose_slots: dict[int, dict[tuple[int, str, int], list[int]]],
+    completions: Sequence[Completion],
+    stage_names: Mapping[int, str],
+    claim: bool,
+    lease_s: float,
+    by_step: Mapping[int, list[int]],
+    loose: list[int],
+    kept: Mapping[int, TableInfo],
+) -> Enqueued:
+    placed: list[tuple[int, int, int] | None] = [None] * len(completions)
     for step, ns in by_step.items():
         if step not in kept:  # dropped by retention
             loose.extend(ns)
