@@ -84,7 +84,10 @@ class Settings(BaseSettings):
         "to claim its completions before it answers 503.",
     )
     dock_keep_iterations: int = Field(
-        default=8, ge=1, le=1_000_000, description="Generation steps the experience store (/dock) keeps."
+        default=8,
+        ge=1,
+        le=1_000_000,
+        description="Generation steps the experience store (/dock) keeps, and as many tables of loose completions.",
     )
     sample_cache: int = Field(default=256, ge=0, description="Recent iterations kept in memory for repeats.")
     sample_cache_bytes: int = Field(
