@@ -495,11 +495,6 @@ class TransferDock:
             )
         return table
 
-    def size(self) -> tuple[int, int]:
-        """``(SQL rows, bytes of cells)`` stored: what the tables kept cost on disk."""
-        with self._lock:
-            return self._db.size()
-
     # --- consumers ------------------------------------------------------------------------------------------
 
     def register(
@@ -602,17 +597,23 @@ class TransferDock:
                     )
             return self._values(table, slots, indices, columns)
 
-    def _written_at(self, table: _Table, name: str, slots: Index, indices: Index) -> npt.NDArray[np.bool_]:
+    def _cells(
+        self, table: _Table, name: str, slots: Index, indices: Index | None
+    ) -> tuple[Index, npt.NDArray[np.int32]] | None:
+        """Each asked cell's chunk (0 where not written) and its position there; None for a column the table
+        does not have. ``indices`` None asks for slots (of a column written per slot)."""
         column = table.columns.get(name)
         if column is None:
-            return np.zeros(len(slots), dtype=bool)
-        if column.per_slot:
-            found: npt.NDArray[np.bool_] = column.chunk[slots] != 0
-            return found
-        inside = indices < table.width
-        out = np.zeros(len(slots), dtype=bool)
-        out[inside] = column.chunk[slots[inside], indices[inside]] != 0
-        return out
+            return None
+        if column.per_slot or indices is None:
+            return column.chunk[slots], column.pos[slots]
+        inside = indices < table.width  # an index past the rows written so far holds nothing yet
+        s, k = np.where(inside, slots, 0), np.where(inside, indices, 0)
+        return np.where(inside, column.chunk[s, k], 0), column.pos[s, k]
+
+    def _written_at(self, table: _Table, name: str, slots: Index, indices: Index | None) -> npt.NDArray[np.bool_]:
+        found = self._cells(table, name, slots, indices)
+        return np.zeros(len(slots), dtype=bool) if found is None else found[0] != 0
 
     def _capacity(self, table: _Table) -> int:
         return table.group_size if table.group_size is not None else self.limits.max_group_size
@@ -677,10 +678,7 @@ class TransferDock:
                     f"iteration {table.iteration} holds {name!r} {kind}; write it {kind} (a column is written one "
                     "way in a table)",
                 )
-            if indices is None:
-                written = self._written_at(table, name, slots, slots)
-            else:
-                written = self._written_at(table, name, slots, indices)
+            written = self._written_at(table, name, slots, indices)
             again = np.flatnonzero(written)
             if len(again):
                 s = slots[again]
@@ -758,16 +756,10 @@ class TransferDock:
 
     def _stored(self, table: _Table, name: str, slots: Index, indices: Index | None) -> list[bytes | None]:
         """The stored bytes of one column's cells (None where not written)."""
-        column = table.columns.get(name)
-        if column is None:
+        found = self._cells(table, name, slots, indices)
+        if found is None:
             return [None] * len(slots)
-        if column.per_slot or indices is None:
-            where: Any = slots
-        else:
-            inside = indices < table.width
-            where = (np.where(inside, slots, 0), np.where(inside, indices, 0))
-        chunks = np.where(column.per_slot or indices is None or (indices < table.width), column.chunk[where], 0)
-        positions = column.pos[where]
+        chunks, positions = found
         blobs = self._blobs(int(c) for c in np.unique(chunks) if c)
         by_chunk: dict[int, list[int]] = {}
         for n, c in enumerate(chunks):

@@ -305,11 +305,3 @@ class DockTables:
 
     def set_lease(self, lease: str, *, state: LeaseState, expires_at: float) -> None:
         self._db.execute("UPDATE dock_leases SET state = ?, expires_at = ? WHERE lease = ?", (state, expires_at, lease))
-
-    def size(self) -> tuple[int, int]:
-        """``(SQL rows, bytes of cells)`` the store holds: what a completion costs in storage."""
-        chunks, cell_bytes = self._db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(LENGTH(cells)), 0) FROM dock_chunks"
-        ).fetchone()
-        (leases,) = self._db.execute("SELECT COUNT(*) FROM dock_leases").fetchone()
-        return int(chunks) + int(leases), int(cell_bytes)

@@ -214,36 +214,44 @@ class Rollouts:
         """The grader role's columns of ``rows`` once all are written. A 503 when no grader role has claimed
         them within the claim timeout, or they are not graded within ``timeout_s``."""
         x = self.experience
+
+        async def read() -> dict[str, list[Value]]:
+            return await x.call(x.dock.read, table, rows, (col.REWARD, col.REWARD_DETAIL))
+
+        s = self.ctx.settings
         start = time.monotonic()
-        claim_by = start + self.ctx.settings.grader_claim_timeout_s
-        while True:
-            signal = self._signal(table)
-            since = signal.version
-            try:
-                return await x.call(x.dock.read, table, rows, (col.REWARD, col.REWARD_DETAIL))
-            except RequestError as exc:
-                if exc.code != CellsMissingError.code:
-                    raise
-            now = time.monotonic()
-            if now >= claim_by and not await x.call(x.dock.claimed, col.GRADER.name, table, rows):
-                raise UnavailableError(
-                    f"no grader claimed the {len(rows)} completions of table {table} within "
-                    f"{self.ctx.settings.grader_claim_timeout_s:g}s (PROCTOR_GRADER_CLAIM_TIMEOUT_S): "
-                    + (
-                        "this server has no grader processes (PROCTOR_GRADER_WORKERS=0); start one with "
-                        "`proctor grade-worker --server URL`"
-                        if self.ctx.settings.grader_workers == 0
-                        else "its graders are busy; add `proctor grade-worker --server URL` processes"
-                    )
-                    + ". They stay queued: post them again to get their rewards"
+        try:
+            return await self.when_written(table, s.grader_claim_timeout_s, read)
+        except RequestError as exc:
+            if exc.code != CellsMissingError.code:
+                raise
+        if not await x.call(x.dock.claimed, col.GRADER.name, table, rows):
+            raise UnavailableError(
+                f"no grader claimed the {len(rows)} completions of table {table} within "
+                f"{s.grader_claim_timeout_s:g}s (PROCTOR_GRADER_CLAIM_TIMEOUT_S): "
+                + (
+                    "this server has no grader processes (PROCTOR_GRADER_WORKERS=0); start one with "
+                    "`proctor grade-worker --server URL`"
+                    if s.grader_workers == 0
+                    else "its graders are busy; add `proctor grade-worker --server URL` processes"
                 )
-            if now - start >= timeout_s:
-                raise UnavailableError(
-                    f"the grader role did not grade {len(rows)} completions of table {table} within {timeout_s:g}s; "
-                    "the graders are busy or slow: raise PROCTOR_GRADER_TIMEOUT_S or add grade-workers, and post "
-                    "them again to get their rewards"
-                )
-            await signal.wait(since, min(claim_by - now if now < claim_by else timeout_s, 1.0))
+                + ". They stay queued: post them again to get their rewards"
+            )
+        try:
+            return await self.when_written(table, max(0.0, timeout_s - (time.monotonic() - start)), read)
+        except RequestError as exc:
+            if exc.code != CellsMissingError.code:
+                raise
+        raise UnavailableError(
+            f"the grader role did not grade {len(rows)} completions of table {table} within {timeout_s:g}s; "
+            "the graders are busy or slow: raise PROCTOR_GRADER_TIMEOUT_S or add grade-workers, and post them "
+            "again to get their rewards"
+        )
+
+    async def renew(self, lease: str, lease_s: float) -> float:
+        """Extend a lease of the grader role's (or any consumer's)."""
+        x = self.experience
+        return await x.call(x.dock.renew, lease, lease_s)
 
     async def recover(self) -> None:
         """Store and count every grade the store holds that the state file lacks: a server killed after the
@@ -397,80 +405,75 @@ def _enqueue(
     lease_s: float,
 ) -> Enqueued:
     """:meth:`Rollouts.enqueue` on the store's thread: every call of the store's runs there one at a time, so
-    what this reads is still so when it writes."""
-    loose: list[int] = []
-    by_step: dict[int, list[int]] = {}
-    for n, c in enumerate(completions):
-        (by_step.setdefault(c.step, []) if c.step_slot is not None else loose).append(n)
-    kept = {i: dock.table(i) for i in {c.step for c in completions if c.step_slot is not None} if dock.has(i)}
-    # Every check before the first write: a refused request writes nothing.
-    for step, ns in by_step.items():
-        group = kept[step].group_size if step in kept else None
-        for n in ns:
-            if group is not None and completions[n].completion_index >= group:
-                raise DockInputError(
-                    f"items[{completions[n].position}].completion_index",
-                    f"{completions[n].completion_index} is not below the group size {group} of iteration {step}'s "
-                    "table; send each completion's index among its prompt's completions, from 0",
-                )
+    what this reads is still so when it writes. The request is checked first (a refused one writes nothing),
+    then its writes and its lease are one commit."""
+    _check_indices(dock, completions)
     try:
-        # One commit for the request's writes and its lease.
         with dock.batch():
-            return _write_and_claim(dock, loose_slots, completions, stage_names, claim, lease_s, by_step, loose, kept)
+            rows = _place(dock, loose_slots, completions, stage_names)
+            leases: list[Dispatch] = []
+            if claim:
+                by_table: dict[int, list[RowKey]] = {}
+                for table, slot, index in rows:
+                    by_table.setdefault(table, []).append((slot, index))
+                for table, keys in by_table.items():
+                    lease = dock.claim(col.GRADER.name, table, keys, lease_s=lease_s)
+                    if lease.lease is not None:
+                        leases.append(lease)
+            return Enqueued(rows, leases)
     except BaseException:
         loose_slots.clear()  # slots the batch added were rolled back with it: read the tables again
         raise
 
 
-def _write_and_claim(
+def _check_indices(dock: TransferDock, completions: Sequence[Completion]) -> None:
+    """A completion for a slot of a step whose table has a group size must have an index below it."""
+    for c in completions:
+        if c.step_slot is None or not dock.has(c.step):
+            continue
+        group = dock.table(c.step).group_size
+        if group is not None and c.completion_index >= group:
+            raise DockInputError(
+                f"items[{c.position}].completion_index",
+                f"{c.completion_index} is not below the group size {group} of iteration {c.step}'s table; send "
+                "each completion's index among its prompt's completions, from 0",
+            )
+
+
+def _place(
     dock: TransferDock,
     loose_slots: dict[int, dict[tuple[int, str, int], list[int]]],
     completions: Sequence[Completion],
     stage_names: Mapping[int, str],
-    claim: bool,
-    lease_s: float,
-    by_step: Mapping[int, list[int]],
-    loose: list[int],
-    kept: Mapping[int, TableInfo],
-) -> Enqueued:
+) -> list[tuple[int, int, int]]:
+    """Write each completion to its row, ``(table, slot, index)``: its step's slot, or a loose one."""
     placed: list[tuple[int, int, int] | None] = [None] * len(completions)
+    loose: list[int] = []
+    by_step: dict[int, list[int]] = {}
+    for n, c in enumerate(completions):
+        if c.step_slot is not None and dock.has(c.step):
+            by_step.setdefault(c.step, []).append(n)
+        else:  # no slot in its step, or a step retention dropped
+            loose.append(n)
     for step, ns in by_step.items():
-        if step not in kept:  # dropped by retention
-            loose.extend(ns)
-            continue
         keys = [(completions[n].step_slot or 0, completions[n].completion_index) for n in ns]
         held = dock.read(step, keys, (col.COMPLETION,), missing="none")[col.COMPLETION]
-        new = []
+        new: list[tuple[int, RowKey]] = []
         for n, key, text in zip(ns, keys, held, strict=True):
+            c = completions[n]
+            if text is not None and (text != c.completion or c.regrade):
+                loose.append(n)  # another completion of that row (a regenerated step), or a regrade
+                continue
+            placed[n] = (step, *key)
             if text is None:
-                new.append(n)
-                placed[n] = (step, *key)
-            elif text == completions[n].completion and not completions[n].regrade:
-                placed[n] = (step, *key)
-            else:  # another completion of that row: a regenerated step, graded as a loose completion
-                loose.append(n)
+                new.append((n, key))
         if new:
-            _write_completions(
-                dock,
-                step,
-                [(completions[n].step_slot or 0, completions[n].completion_index) for n in new],
-                [completions[n] for n in new],
-            )
-    in_loose = _place_loose(dock, loose_slots, [completions[n] for n in loose], stage_names)
-    for n, where in zip(loose, in_loose, strict=True):
+            _write_completions(dock, step, [key for _, key in new], [completions[n] for n, _ in new])
+    for n, where in zip(
+        loose, _place_loose(dock, loose_slots, [completions[n] for n in loose], stage_names), strict=True
+    ):
         placed[n] = where
-    rows = [p for p in placed if p is not None]
-    assert len(rows) == len(completions)
-    leases: list[Dispatch] = []
-    if claim:
-        by_table: dict[int, list[RowKey]] = {}
-        for table, slot, index in rows:
-            by_table.setdefault(table, []).append((slot, index))
-        for table, keys in by_table.items():
-            lease = dock.claim(col.GRADER.name, table, keys, lease_s=lease_s)
-            if lease.lease is not None:
-                leases.append(lease)
-    return Enqueued(rows, leases)
+    return [p for p in placed if p is not None]
 
 
 def _write_completions(
@@ -501,12 +504,12 @@ def _place_loose(
     out: dict[int, tuple[int, int, int]] = {}
     # Newest first: opening a table may drop the oldest kept, which a later one then gives way for.
     for home, ns in sorted(by_table.items()):
-        table = _loose_home(dock, -home - 1) if not dock.retains(home) else home
+        table = _loose_home(dock, -home - 1)  # again: opening a newer one may have dropped it
         placed: dict[int, tuple[int, int]] = {}
         exists = dock.has(table)
-        slots = _loose_index(dock, loose_slots, table) if exists else loose_slots.setdefault(table, {})
         if not exists:
-            slots.clear()
+            loose_slots[table] = {}
+        slots = _loose_index(dock, loose_slots, table) if exists else loose_slots[table]
         # A slot of the same prompt whose row of that index is free or holds the same completion, else a new one.
         asked = sorted(
             {(s, completions[n].completion_index) for n in ns for s in slots.get(_prompt_key(completions[n]), [])}
@@ -532,7 +535,11 @@ def _place_loose(
             placed[n] = (found, k)
         new = [(key, s) for key, ss in fresh.items() for s in ss]
         if new:
-            first = dock.add_slots(table, len(new)) if exists else _loose_create(dock, table, len(new))
+            if exists:
+                first = dock.add_slots(table, len(new))
+            else:
+                first = 0
+                dock.open(table, slots=len(new))
             number = {s: first + m for m, (_, s) in enumerate(new)}
             owner: dict[int, Completion] = {}
             for n in ns:
@@ -570,11 +577,6 @@ def _loose_home(dock: TransferDock, step: int) -> int:
     own as too old."""
     table = col.loose_table(step)
     return table if dock.retains(table) else min(i for i in dock.kept() if i < 0)
-
-
-def _loose_create(dock: TransferDock, table: int, slots: int) -> int:
-    dock.open(table, slots=slots)
-    return 0
 
 
 def _loose_index(

@@ -16,14 +16,14 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from proctor.dock import DockError
+from proctor.dock import Dispatch, DockError, LeaseError, UnknownIterationError, Value
 from proctor.dock import columns as col
 from proctor.server.exceptions import RequestError
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.rows import grade_rows
 from proctor.server.rollouts import Rollouts
 
-__all__ = ["LEASE_S", "GraderRole", "grading_time", "renewing"]
+__all__ = ["LEASE_S", "GraderRole", "grade_lease", "grading_time", "renewing"]
 
 log = logging.getLogger("proctor.grading")
 
@@ -63,6 +63,26 @@ async def renewing(renew: Callable[[str, float], Awaitable[float]], lease: str, 
             await task
 
 
+async def grade_lease(
+    rollouts: Rollouts, fanout: GraderFanout, batch: Dispatch, lease_s: float, *, record: bool = True
+) -> dict[str, list[Value]]:
+    """The grader role's work for one lease: grade its rows (renewing the lease meanwhile) and collect their
+    rewards, stored and counted as grades unless the caller records them itself (``record=False``). Returns the
+    rewards' columns."""
+    assert batch.lease is not None
+    async with renewing(rollouts.renew, batch.lease, lease_s):
+        columns = await grade_rows(fanout, rollouts.ctx.curriculum.graders, batch.columns)
+    try:
+        await rollouts.collect(batch.lease, columns, record=record)
+    except RequestError as exc:
+        if exc.code not in (LeaseError.code, UnknownIterationError.code):
+            raise
+        # The lease ended under a very slow batch (its rows went back to the pool, for another holder), or
+        # retention dropped its table: the store keeps nothing of this result.
+        log.warning("the rewards of a dispatch of table %s were not kept: %s", batch.iteration, exc)
+    return columns
+
+
 class GraderRole:
     """Start with :meth:`start`, stop with :meth:`close`."""
 
@@ -87,7 +107,6 @@ class GraderRole:
 
     async def _run(self) -> None:
         x = self.rollouts.experience
-        graders = self.rollouts.ctx.curriculum.graders
         while not self._stopping:
             try:
                 since = self.rollouts.written.version
@@ -95,9 +114,7 @@ class GraderRole:
                 if batch.lease is None:
                     await self.rollouts.written.wait(since, _IDLE_S)
                     continue
-                async with renewing(self._renew, batch.lease, self.lease_s):
-                    columns = await grade_rows(self.fanout, graders, batch.columns)
-                await self.rollouts.collect(batch.lease, columns)
+                await grade_lease(self.rollouts, self.fanout, batch, self.lease_s)
             except (RequestError, DockError) as exc:
                 # A lease that expired under a very slow batch, or a store that failed: the rows go back to
                 # the pool (or the server is stopping); try again shortly rather than end the role.
@@ -107,7 +124,3 @@ class GraderRole:
                 # A role that ended here would leave every later completion ungraded: log it and go on.
                 log.exception("the grader role failed on a dispatch; its rows go back to the pool")
                 await asyncio.sleep(_IDLE_S)
-
-    async def _renew(self, lease: str, lease_s: float) -> float:
-        x = self.rollouts.experience
-        return await x.call(x.dock.renew, lease, lease_s)

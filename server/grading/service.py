@@ -12,19 +12,17 @@ completion again returns its stored grade.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from proctor.dock import Dispatch, LeaseError, UnknownIterationError
+from proctor.dock import Dispatch
 from proctor.dock import columns as col
 from proctor.server import protocol as wire
 from proctor.server.context import ServingContext
-from proctor.server.exceptions import InvalidRequestError, RequestError
+from proctor.server.exceptions import InvalidRequestError
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.ledger import GradeLedger
-from proctor.server.grading.role import LEASE_S, grading_time, renewing
-from proctor.server.grading.rows import grade_rows
+from proctor.server.grading.role import LEASE_S, grade_lease, grading_time
 from proctor.server.pacing import paced
 from proctor.server.rollouts import Completion, Enqueued, Rollouts, grade_key
 from proctor.server.sources.base import Record, SampleId
@@ -32,7 +30,10 @@ from proctor.server.store import NO_SLOT, GradeKey, GradeRow
 
 __all__ = ["GradingService"]
 
-log = logging.getLogger("proctor.grading")
+_Row = tuple[int, int, int]
+"""Where the store holds a completion: ``(table, slot, index)``."""
+_Graded = tuple[float, dict[str, float], str | None]
+"""A grade's reward, each grader's score, and the failure, if any."""
 
 
 @dataclass(slots=True)
@@ -49,7 +50,7 @@ class _Item:
     key: GradeKey = (0, "", NO_SLOT, 0, "")
     stage: int = 0
     position: int = 0
-    row: tuple[int, int, int] = (0, 0, 0)
+    row: _Row = (0, 0, 0)
     """Where the store holds it: ``(table, slot, index)``."""
 
 
@@ -120,55 +121,37 @@ class GradingService:
             it.row = row
         return enqueued
 
-    async def _grade(
-        self, leases: Sequence[Dispatch]
-    ) -> dict[tuple[int, int, int], tuple[float, dict[str, float], str | None]]:
+    async def _grade(self, leases: Sequence[Dispatch]) -> dict[_Row, _Graded]:
         """Grade the rows this request leased, as the grader role, and collect their rewards."""
         if not leases:
             return {}
-        assert self.fanout is not None
         fanout = self.fanout
-        graders = self.ctx.curriculum.graders
+        assert fanout is not None
 
-        async def one(lease: Dispatch) -> dict[tuple[int, int, int], tuple[float, dict[str, float], str | None]]:
-            assert lease.lease is not None and lease.iteration is not None
-            async with renewing(self._renew, lease.lease, LEASE_S):
-                columns = await grade_rows(fanout, graders, lease.columns)
-            try:
-                await self.rollouts.collect(lease.lease, columns, record=False)
-            except RequestError as exc:
-                # Retention dropped the table meanwhile (steps far ahead were opened): the grade is still
-                # stored and answered, only the store's copy is gone with its table.
-                if exc.code not in (LeaseError.code, UnknownIterationError.code):
-                    raise
-                log.warning("the rewards of table %s were not kept: %s", lease.iteration, exc)
-            out = {}
-            for (slot, index), reward, detail in zip(
-                lease.rows, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True
-            ):
-                components, error = col.parse_reward_detail(detail)
-                out[(lease.iteration, slot, index)] = (float(reward), components, error)
-            return out
+        async def one(lease: Dispatch) -> dict[_Row, _Graded]:
+            assert lease.iteration is not None
+            # A table that retention dropped meanwhile keeps nothing; the grades are still stored and answered.
+            columns = await grade_lease(self.rollouts, fanout, lease, LEASE_S, record=False)
+            return {
+                (lease.iteration, slot, index): (float(reward), *col.parse_reward_detail(detail))
+                for (slot, index), reward, detail in zip(
+                    lease.rows, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True
+                )
+            }
 
-        found: dict[tuple[int, int, int], tuple[float, dict[str, float], str | None]] = {}
+        found: dict[_Row, _Graded] = {}
         for part in await asyncio.gather(*(one(lease) for lease in leases)):
             found.update(part)
         return found
 
-    async def _renew(self, lease: str, lease_s: float) -> float:
-        x = self.rollouts.experience
-        return await x.call(x.dock.renew, lease, lease_s)
-
-    async def _wait(
-        self, waiting: Sequence[_Item]
-    ) -> dict[tuple[int, int, int], tuple[float, dict[str, float], str | None]]:
+    async def _wait(self, waiting: Sequence[_Item]) -> dict[_Row, _Graded]:
         """The rewards of rows another holder of the grader role grades (a remote grade-worker, or this
         server's role that took them first), or graded already."""
         by_table: dict[int, list[_Item]] = {}
         for it in waiting:
             by_table.setdefault(it.row[0], []).append(it)
         s = self.ctx.settings
-        out: dict[tuple[int, int, int], tuple[float, dict[str, float], str | None]] = {}
+        out: dict[_Row, _Graded] = {}
 
         async def one(table: int, its: list[_Item]) -> None:
             timeout = grading_time(len(its), max(s.grader_workers, 1), s.grader_timeout_s)
@@ -184,7 +167,7 @@ class GradingService:
         self,
         items: Sequence[_Item],
         fresh: Sequence[_Item],
-        values: Mapping[tuple[int, int, int], tuple[float, dict[str, float], str | None]],
+        values: Mapping[_Row, _Graded],
         stored: dict[GradeKey, GradeRow],
         *,
         waited: Sequence[_Item],
@@ -293,9 +276,7 @@ class GradingService:
                     "iteration /sample served, or items without slot",
                 )
             return
-        slots_of: dict[str, list[int]] = {}
-        for slot, sample_id in enumerate(ids):
-            slots_of.setdefault(sample_id, []).append(slot)
+        slots_of = _slots_of(ids)
         placed: dict[tuple[int, int], int] = {}
         async for n, it in paced(enumerate(items)):
             if it.slot is None:
@@ -351,9 +332,7 @@ class GradingService:
             ids = await self.rollouts.sampling.sample_ids(step)
             if ids is None:
                 continue
-            slots_of: dict[str, list[int]] = {}
-            for slot, sample_id in enumerate(ids):
-                slots_of.setdefault(sample_id, []).append(slot)
+            slots_of = _slots_of(ids)
             async for it in paced([it for it in items if it.key[0] == step and it.record is not None]):
                 held = slots_of.get(it.sample_id, [])
                 if len(held) == 1:
@@ -374,6 +353,14 @@ class GradingService:
                 f"version {src.version} (its data or settings changed), so it was not graded"
             ),
         )
+
+
+def _slots_of(sample_ids: Sequence[str]) -> dict[str, list[int]]:
+    """The slots each sample id fills in a batch."""
+    slots: dict[str, list[int]] = {}
+    for slot, sample_id in enumerate(sample_ids):
+        slots.setdefault(sample_id, []).append(slot)
+    return slots
 
 
 def _result(it: _Item, row: GradeRow, *, cached: bool, table: int | None) -> wire.GradeResult:
