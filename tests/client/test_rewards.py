@@ -6,12 +6,14 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
 from proctor.client import ProctorClient, ServerFailure, remote_reward
+from proctor.client.dataset import RemoteRLDataset
 
 # The ``with_meta`` fixture (tests/client/conftest.py): a scripted /grade behind a transport that answers /meta.
 WithMeta = Callable[[Callable[[httpx.Request], httpx.Response]], httpx.MockTransport]
@@ -24,6 +26,15 @@ def client(
     """A client of a real server on the tiny curriculum; what it sends is kept in ``sent``."""
     with live_server() as url, ProctorClient(url, transport=recording) as c:
         yield c
+
+
+def dataset(client: ProctorClient) -> RemoteRLDataset:
+    """A dataset of 2 prompts × 2 completions a step, as a trainer's arguments would make it."""
+    args = SimpleNamespace(
+        per_device_train_batch_size=4, world_size=1, process_index=0, steps_per_generation=1,
+        num_generations=2, shuffle_dataset=False, max_steps=5, num_train_epochs=1,
+    )  # fmt: skip
+    return RemoteRLDataset(client, args)
 
 
 def columns(client: ProctorClient, iteration: int = 0, generations: int = 2) -> dict[str, list[Any]]:
@@ -225,15 +236,7 @@ def test_needs_the_dataset_columns() -> None:
 
 
 def test_with_the_dataset_the_next_prompts_are_fetched_while_grading(client: ProctorClient) -> None:
-    from types import SimpleNamespace
-
-    from proctor.client.dataset import RemoteRLDataset
-
-    args = SimpleNamespace(
-        per_device_train_batch_size=4, world_size=1, process_index=0, steps_per_generation=1,
-        num_generations=2, shuffle_dataset=False, max_steps=5, num_train_epochs=1,
-    )  # fmt: skip
-    ds = RemoteRLDataset(client, args)
+    ds = dataset(client)
     reward = remote_reward(client, dataset=ds)
     assert ds.fetcher.prefetch is False  # no prefetch during generation any more: it moved next to /grade
     rows = ds.__getitems__([0, 0, 1, 1])
@@ -249,16 +252,9 @@ def test_with_the_dataset_the_next_prompts_are_fetched_while_grading(client: Pro
 
 
 def test_a_step_generated_again_after_a_resume_is_graded_beside_the_first_attempt(client: ProctorClient) -> None:
-    from types import SimpleNamespace
-
     from proctor.client import DockClient
-    from proctor.client.dataset import RemoteRLDataset
 
-    args = SimpleNamespace(
-        per_device_train_batch_size=4, world_size=1, process_index=0, steps_per_generation=1,
-        num_generations=2, shuffle_dataset=False, max_steps=5, num_train_epochs=1,
-    )  # fmt: skip
-    ds = RemoteRLDataset(client, args)
+    ds = dataset(client)
     rows = ds.__getitems__([0, 0, 1, 1])
     keys = {k: [r[k] for r in rows] for k in ("sample_id", "slot", "completion_index", "iteration")}
     answers = [str(eval(r["metadata"]["expression"])) for r in rows]
@@ -280,16 +276,8 @@ def test_a_step_generated_again_after_a_resume_is_graded_beside_the_first_attemp
 def test_a_step_whose_table_the_store_no_longer_keeps_is_graded_through_grade(
     live_server: Callable[..., AbstractContextManager[str]],
 ) -> None:
-    from types import SimpleNamespace
-
-    from proctor.client.dataset import RemoteRLDataset
-
-    args = SimpleNamespace(
-        per_device_train_batch_size=4, world_size=1, process_index=0, steps_per_generation=1,
-        num_generations=2, shuffle_dataset=False, max_steps=5, num_train_epochs=1,
-    )  # fmt: skip
     with live_server(dock_keep_iterations=1) as url, ProctorClient(url) as client:
-        ds = RemoteRLDataset(client, args)
+        ds = dataset(client)
         rows = ds.__getitems__([0, 0, 1, 1])
         client.sample(1, 2)  # the store keeps one step: step 1's table drops step 0's
         answers = [str(eval(r["metadata"]["expression"])) for r in rows]

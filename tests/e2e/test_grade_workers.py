@@ -68,6 +68,12 @@ def gate(tmp_path: Path) -> Iterator[Path]:
     path.unlink(missing_ok=True)
 
 
+@pytest.fixture
+def graderless(server_process: Callable[..., ServerProcess], curriculum: Path, tmp_path: Path) -> ServerProcess:
+    """A ``proctor serve`` process with no grader processes: the grader role is left to workers."""
+    return server_process([str(curriculum), "--state", str(tmp_path / "state.db"), "--grader-workers", "0"])
+
+
 class Worker:
     """A ``proctor grade-worker`` process with one grader process, its output in a file."""
 
@@ -203,14 +209,9 @@ def test_a_plain_grade_is_graded_by_remote_workers_one_of_them_killed_mid_batch(
 
 
 def test_a_server_killed_between_storing_and_answering_a_grade_answers_its_retry_counting_once(
-    server_process: Callable[..., ServerProcess],
-    curriculum: Path,
-    gate: Path,
-    workers: Callable[..., Worker],
-    tmp_path: Path,
+    graderless: ServerProcess, gate: Path, workers: Callable[..., Worker]
 ) -> None:
-    server = server_process([str(curriculum), "--state", str(tmp_path / "state.db"), "--grader-workers", "0"])
-    url = server.url
+    server, url = graderless, graderless.url
     items, texts = plain_items(url, 0, gate)
     workers(url, lease_s=3.0)
     with ThreadPoolExecutor(1) as client:
@@ -275,14 +276,9 @@ def test_a_result_for_rows_no_longer_held_is_refused_with_a_clear_message(
 
 
 def test_workers_reconnect_and_finish_after_a_server_restart(
-    server_process: Callable[..., ServerProcess],
-    curriculum: Path,
-    gate: Path,
-    workers: Callable[..., Worker],
-    tmp_path: Path,
+    graderless: ServerProcess, gate: Path, workers: Callable[..., Worker]
 ) -> None:
-    server = server_process([str(curriculum), "--state", str(tmp_path / "state.db"), "--grader-workers", "0"])
-    url = server.url
+    server, url = graderless, graderless.url
     steps = range(3)
     texts = {step: post_step(url, step, gate) for step in steps}
     pool = [workers(url, lease_s=3.0), workers(url, lease_s=3.0)]
