@@ -428,10 +428,10 @@ def _enqueue(
 
 def _check_indices(dock: TransferDock, completions: Sequence[Completion]) -> None:
     """A completion for a slot of a step whose table has a group size must have an index below it."""
+    steps = {c.step for c in completions if c.step_slot is not None}
+    groups = {step: dock.table(step).group_size for step in steps if dock.has(step)}
     for c in completions:
-        if c.step_slot is None or not dock.has(c.step):
-            continue
-        group = dock.table(c.step).group_size
+        group = groups.get(c.step) if c.step_slot is not None else None
         if group is not None and c.completion_index >= group:
             raise DockInputError(
                 f"items[{c.position}].completion_index",
