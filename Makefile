@@ -9,11 +9,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # setuptools announces its import finder ("Editable installation…") on every editable install of a project whose
 # packages map onto other folders, as proctor.* does; it says nothing about this project.
 PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip
-# The Debian packages the tests drive: curl (the README's examples, run verbatim), docker-compose (a real compose
+# The Debian packages the tests drive: curl (the docs' curl tour, run verbatim), docker-compose (a real compose
 # implementation checks docker/compose.yaml) and chromium (the live page, headless). Each command is its package.
 SYSTEM_PACKAGES := curl docker-compose chromium
 
-.PHONY: serve test train demo system-packages lint typecheck format bench clean
+.PHONY: serve test train demo system-packages lint typecheck format docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,7 +53,7 @@ system-packages:
 	echo "installing the Debian packages the tests drive: $${missing[*]}"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$${missing[@]}" >/dev/null
 
-test: system-packages $(VENV)/.dev-installed lint typecheck
+test: system-packages $(VENV)/.dev-installed lint typecheck docs
 	$(BIN)/python -m pytest
 
 # A dataserver on curricula/arithmetic.yaml and GRPO on a tiny offline model across its first stage boundary.
@@ -77,6 +77,11 @@ typecheck: $(VENV)/.dev-installed
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml \
 		-p proctor.server -p proctor.client -p proctor.curricula -p proctor.cli -p proctor.batching \
 		-p proctor.dock -p bench
+
+# The documentation site (mkdocs.yml, docs/) into build/site; strict: a broken link or anchor fails it.
+# NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2, which says nothing about these pages.
+docs: $(VENV)/.dev-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 bench: $(VENV)/.dev-installed
 	$(BIN)/python -m bench

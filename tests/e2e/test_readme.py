@@ -1,9 +1,11 @@
-"""The README as a new user follows it: ``make serve``, the curl tour, then training, each line run verbatim.
+"""The README and the docs as a new user follows them: the README's ``make serve``, then the curl tour and
+training of docs/getting-started.md, each line run verbatim.
 
-The curl lines must print what the README shows under them. Then the README's training section runs in its
-order: ``make train`` against the run the tour used stops with the one line the README shows, and after
-``make serve ARGS=--fresh`` it trains. The servers take a free port and a temporary state folder from the
-environment (``PROCTOR_PORT``, ``PROCTOR_STATE_DIR``), which the README's commands leave to it.
+The blocks run sit between HTML comment markers (``<!-- NAME:start -->`` … ``<!-- NAME:end -->``), in the README
+or in any page under docs/. The curl lines must print what the page shows under them. Then the training section
+runs in its order: ``make train`` against the run the tour used stops with the one line the page shows, and
+after ``make serve ARGS=--fresh`` it trains. The servers take a free port and a temporary state folder from the
+environment (``PROCTOR_PORT``, ``PROCTOR_STATE_DIR``), which the documented commands leave to it.
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ from proctor.cli.launcher import free_port
 from tests.conftest import system_command
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TEXT = "\n".join(page.read_text() for page in PAGES)  # the README, then every docs page
 pytestmark = pytest.mark.e2e
 
 
 def section(name: str) -> str:
-    return README.split(f"<!-- {name}:start -->", 1)[1].split(f"<!-- {name}:end -->", 1)[0]
+    """The text between a marker pair; each marker is in exactly one page, once."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    assert TEXT.count(start) == 1 and TEXT.count(end) == 1, name
+    return TEXT.split(start, 1)[1].split(end, 1)[0]
 
 
 def commands(name: str) -> list[str]:
@@ -40,7 +46,7 @@ def commands(name: str) -> list[str]:
 
 
 def readme_examples() -> list[tuple[str, str, str]]:
-    """(command, output language, expected output) for every curl line in the README's example section."""
+    """(command, output language, expected output) for every curl line in the docs' example section."""
     blocks = re.findall(r"```(\w+)\n(.*?)```", section("curl-examples"), flags=re.DOTALL)
     examples = []
     for (lang, body), nxt in zip(blocks, [*blocks[1:], ("", "")], strict=True):
@@ -54,7 +60,7 @@ def readme_examples() -> list[tuple[str, str, str]]:
 
 
 class Terminal:
-    """Runs README lines as a user's shell would, in the checkout, with the test's port and state folder."""
+    """Runs documented lines as a user's shell would, in the checkout, with the test's port and state folder."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
@@ -114,20 +120,20 @@ def terminal(tmp_path: Path) -> Iterator[Terminal]:
     term.stop_server()
 
 
-def test_the_readme_has_its_sections() -> None:
+def test_the_readme_and_docs_have_their_sections() -> None:
     assert commands("quick-start") == ["make serve", "make test"]
     assert len(readme_examples()) >= 8
     assert "export PROCTOR_URL=http://127.0.0.1:8000" in section("curl-examples")
     assert [c.split()[:2] for c in commands("train-example")] == [["make", "serve"], ["make", "train"]]
 
 
-def test_the_readme_runs_as_written(terminal: Terminal) -> None:
+def test_the_readme_and_docs_run_as_written(terminal: Terminal) -> None:
     system_command("curl")
     [serve, _test] = commands("quick-start")
     terminal.start_server(serve)
 
     for command, out_lang, expected in readme_examples():
-        # `export PROCTOR_URL=…` is the README's: the test's server is on the port it chose.
+        # `export PROCTOR_URL=…` is the page's: the test's server is on the port it chose.
         result = terminal.run(command, timeout=30)
         assert result.returncode == 0, (command, result.stderr)
         if out_lang == "json":
@@ -136,10 +142,10 @@ def test_the_readme_runs_as_written(terminal: Terminal) -> None:
             assert result.stdout.strip() == expected.strip(), command
 
     fresh, train = commands("train-example")
-    # Training against the run the tour used stops with the one line the README shows.
+    # Training against the run the tour used stops with the one line the page shows.
     refused = terminal.run(train)
     assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
-    [shown] = [line for line in README.splitlines() if line.startswith("proctor train: error: the dataserver's run")]
+    [shown] = [line for line in TEXT.splitlines() if line.startswith("proctor train: error: the dataserver's run")]
     pattern = ".*?".join(re.escape(part) for part in shown.split("…"))
     errors = [line for line in refused.stderr.splitlines() if line.startswith("proctor train: error:")]
     assert len(errors) == 1 and re.fullmatch(pattern, errors[0]), refused.stderr

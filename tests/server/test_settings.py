@@ -84,8 +84,8 @@ def test_an_invalid_value_names_its_variable(
     assert repr(value) in str(info.value)
 
 
-def test_the_readme_lists_every_setting() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme.split("## Configuration", 1)[1].split("## Command line", 1)[0]
+def test_the_docs_list_every_setting() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    table = page.split("## Configuration", 1)[1].split("## Command line", 1)[0]
     listed = set(re.findall(r"^\| `PROCTOR_([A-Z_]+)` \|", table, flags=re.MULTILINE))
     assert listed == {name.upper() for name in Settings.model_fields}
