@@ -1,10 +1,13 @@
 """``export_rollouts``: the experience store's kept steps as a file of rows, for analysis or rejection-sampling
 SFT (``datasets.load_dataset("parquet", data_files=...)`` or ``"json"`` reads it).
 
-One row per completion: ``table``, ``iteration``, ``slot``, ``index``, then every column written in its table
-(the prompt's columns, the completion, its reward and reward detail, and any a role added). A cell not
-written is null. A step's loose completions (table ``-(iteration + 1)``: graded outside the step's batch) have
-the step as ``iteration`` and the slot of its batch they answer, or null. Tables without a group size and
+One row per completion: ``table``, ``iteration``, ``slot``, ``index``, ``attempt``, ``latest``, then every
+column written in its table (the prompt's columns, the completion, its reward and reward detail, and any a role
+added). A cell not written is null. A step's loose completions (table ``-(iteration + 1)``: graded outside the
+step's batch) have the step as ``iteration`` and the slot of its batch they answer, or null. A step generated
+again (a run resumed from a checkpoint taken during its generation) holds several attempts at a row: each
+distinct completion of a ``(slot, index)`` is an attempt, numbered in the order written, and ``latest`` marks
+the one the resumed run went on with. Tables without a group size and
 tables of loose completions give only the rows that hold a completion; a table opened with a group size gives
 every row. Arrays (token ids, log-probs) become lists. In parquet, values that are JSON objects or mixed lists
 (``reference``, ``reward_detail``) are JSON text, so that every table has one schema however its records'
@@ -29,6 +32,7 @@ from proctor.dock import columns as col
 __all__ = ["export_rollouts"]
 
 _ROWS_PER_READ = 1024
+_ATTEMPT, _LATEST = "attempt", "latest"
 
 
 def export_rollouts(
@@ -49,11 +53,14 @@ def export_rollouts(
     fmt = format or ("parquet" if path.suffix == ".parquet" else "jsonl")
     if fmt not in ("parquet", "jsonl"):
         raise ValueError(f"format must be 'parquet' or 'jsonl', got {fmt!r}")
-    tables = [t for t in dock.tables() if iterations is None or _step(t.iteration) in iterations]
+    steps: dict[int, list[TableInfo]] = {}
+    for t in sorted(dock.tables(), key=lambda t: (_step(t.iteration), t.iteration < 0)):
+        if iterations is None or _step(t.iteration) in iterations:
+            steps.setdefault(_step(t.iteration), []).append(t)
     rows = (
         row
-        for table in tables
-        for row in _rows(dock, table)
+        for tables in steps.values()
+        for row in _attempts([row for table in tables for row in _rows(dock, table)])
         if (stages is None or row.get(col.STAGE) in stages)
         and (sources is None or _source(row.get(col.SAMPLE_ID)) in sources)
     )
@@ -102,6 +109,27 @@ def _rows(dock: TransferDock | DockClient, table: TableInfo) -> Iterator[dict[st
             yield row
 
 
+def _attempts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Number the attempts at each row of a step (its table's rows first, then its loose completions in the
+    order written): each distinct completion of a ``(slot, index)`` is an attempt, and ``latest`` marks the
+    last one. A completion posted again (a regrade) keeps its attempt's number; a row without a slot or a
+    completion has neither."""
+    seen: dict[tuple[int, int], list[Any]] = {}
+    for row in rows:
+        row[_ATTEMPT] = row[_LATEST] = None
+        completion = row.get(col.COMPLETION)
+        if row["slot"] is None or completion is None:
+            continue
+        attempts = seen.setdefault((row["slot"], row["index"]), [])
+        if completion not in attempts:
+            attempts.append(completion)
+        row[_ATTEMPT] = attempts.index(completion)
+    for row in rows:
+        if row[_ATTEMPT] is not None:
+            row[_LATEST] = row[_ATTEMPT] == len(seen[(row["slot"], row["index"])]) - 1
+    return rows
+
+
 def _write_parquet(rows: Iterable[dict[str, Any]], path: Path) -> int:
     try:
         import pyarrow as pa
@@ -113,6 +141,8 @@ def _write_parquet(rows: Iterable[dict[str, Any]], path: Path) -> int:
         "iteration": pa.int64(),
         "slot": pa.int64(),
         "index": pa.int64(),
+        _ATTEMPT: pa.int64(),
+        _LATEST: pa.bool_(),
         col.SAMPLE_ID: pa.string(),
         col.STAGE: pa.string(),
         col.PROMPT: pa.string(),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import secrets
+import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -278,14 +279,15 @@ class TransferDock:
     """The store, in this process, durable in the SQLite file ``path`` (``:memory:`` for a throwaway one).
 
     Args:
-        path: the SQLite file (the dataserver passes its state file).
+        path: the SQLite file, or a connection to share (the dataserver passes its state file's writer, so
+            that its own writes and the store's can be one transaction; the connection stays its caller's).
         keep_iterations: tables kept (of steps, and as many of loose rows); opening one more drops the oldest.
         clock: wall-clock seconds, for lease expiry (a lease outlives a restart, so not a monotonic clock).
     """
 
     def __init__(
         self,
-        path: str | Path = ":memory:",
+        path: str | Path | sqlite3.Connection = ":memory:",
         *,
         keep_iterations: int = 8,
         synchronous: Literal["normal", "full"] = "normal",
@@ -838,9 +840,12 @@ class TransferDock:
                     self._maybe[c.name].discard(table.iteration)
             return Dispatch(consumer, iteration, None, None, (), {}, ())
 
-    def claim(self, consumer: str, iteration: int, rows: Sequence[RowKey], *, lease_s: float = 60.0) -> Dispatch:
+    def claim(
+        self, consumer: str, iteration: int, rows: Sequence[RowKey], *, lease_s: float = 60.0, read: bool = True
+    ) -> Dispatch:
         """Lease exactly those of ``rows`` that are ready for ``consumer`` (in the order given); the others
-        (held by another caller, consumed, or not ready) are left out. Never waits."""
+        (held by another caller, consumed, or not ready) are left out. Never waits. With ``read=False`` the
+        dispatch carries no columns: for a caller that holds the rows' values already (it just wrote them)."""
         self._check_lease_s(lease_s)
         with self._lock:
             c = self._consumer(consumer)
@@ -853,7 +858,7 @@ class TransferDock:
             ready[inside] = self._ready(table, c)[slots[inside], indices[inside]]
             if not ready.any():
                 return Dispatch(consumer, iteration, None, None, (), {}, ())
-            return self._claim(table, c, slots[ready], indices[ready], now + lease_s, 1, False, None, None)
+            return self._claim(table, c, slots[ready], indices[ready], now + lease_s, 1, False, None, None, read)
 
     def _check_lease_s(self, lease_s: float) -> None:
         if not (0 < lease_s <= self.limits.max_lease_s):
@@ -894,8 +899,9 @@ class TransferDock:
         groups: bool,
         balance_by: str | None,
         max_tokens: int | None,
+        read: bool = True,
     ) -> Dispatch:
-        values = self._values(table, slots, indices, c.needs)
+        values = self._values(table, slots, indices, c.needs) if read else {}
         if balance_by is not None:
             parts = _balanced(values[balance_by], dp_size, max_tokens)
         else:

@@ -133,14 +133,21 @@ def _blob(values: npt.NDArray[np.integer]) -> bytes:
 class DockTables:
     """One SQLite connection; its caller (:class:`~proctor.dock.dock.TransferDock`) uses it one call at a time."""
 
-    def __init__(self, path: str | Path, *, synchronous: Literal["normal", "full"] = "normal") -> None:
-        self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self._db.execute("PRAGMA busy_timeout=5000")
+    def __init__(
+        self, path: str | Path | sqlite3.Connection, *, synchronous: Literal["normal", "full"] = "normal"
+    ) -> None:
+        # A connection given is its owner's (the dataserver's state file, whose writes it shares, so that one
+        # transaction can hold both): it is left open, and its settings as they are.
+        self._owned = not isinstance(path, sqlite3.Connection)
+        if isinstance(path, sqlite3.Connection):
+            self._db = path
+        else:
+            if str(path) != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            self._db.execute("PRAGMA busy_timeout=5000")
         if self._exists("dock_cells"):
             with self.transaction():
                 self._from_cell_layout()
@@ -186,7 +193,8 @@ class DockTables:
             self._db.execute(f"DROP TABLE IF EXISTS {table}")
 
     def close(self) -> None:
-        self._db.close()
+        if self._owned:
+            self._db.close()
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

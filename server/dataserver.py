@@ -2,8 +2,8 @@
 sampling and grading services that the routes call.
 
 Everything runs on the event loop except the graders (worker processes), WAL checkpoints (a thread), store
-calls that must wait for the disk (the store's thread; see :mod:`proctor.server.storage`) and the experience
-store (a thread of its own). Per-item Python work that grows with a request's size hands the loop back every
+writes of the state file and the experience store, which shares its file (the store's thread; see
+:mod:`proctor.server.storage`). Per-item Python work that grows with a request's size hands the loop back every
 few milliseconds (:mod:`proctor.server.pacing`); a request's inline store calls do not, and are bounded by its
 item limit instead (a statement per few hundred keys).
 
@@ -56,7 +56,7 @@ class Dataserver:
         self.rollouts = Rollouts(ctx, experience, self.sampling, ledger)
         timeout_s = ctx.settings.grader_timeout_s
         fanout = GraderFanout(pool, http, ctx.metrics, timeout_s) if pool is not None else None
-        self.grading = GradingService(ctx, fanout, self.rollouts, ledger)
+        self.grading = GradingService(ctx, fanout, self.rollouts)
         # Without local grader processes the role is left to remote grade-workers.
         self.grader_role = GraderRole(self.rollouts, fanout) if fanout is not None else None
 
@@ -67,7 +67,7 @@ class Dataserver:
         experience: ExperienceStore | None = None
         try:
             progress = await _restore(curriculum, storage)
-            experience = await ExperienceStore.open(settings, storage.path)
+            experience = await ExperienceStore.open(settings, storage)
             g = GRADER
             await experience.call(experience.dock.register, g.name, needs=g.needs, produces=g.produces)
             pool = GraderPool(settings.grader_workers) if settings.grader_workers > 0 else None

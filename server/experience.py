@@ -1,20 +1,23 @@
 """The experience store (:class:`~proctor.dock.TransferDock`) behind the dataserver's ``/dock`` routes.
 
-The store keeps its tables in the server's state file, on a connection of its own, and every call runs on a
-thread of its own, one at a time: a call's work grows with its rows (encoding, SQLite), and none of it may
-hold the event loop. The store's errors become answers with their status and ``code``.
+The store keeps its tables in the server's state file, on the state's own writer connection and thread
+(:class:`~proctor.server.storage.AsyncStore`): a call's work grows with its rows (encoding, SQLite), and none
+of it may hold the event loop; and a call can write the store's cells and the state's grades in one
+transaction (:meth:`ExperienceStore.call` with the state's :class:`~proctor.server.store.Store`). The store's
+errors become answers with their status and ``code``; a failed write of the file stops the server, as the
+state's own writes do.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from proctor.dock import DockError, TransferDock
 from proctor.server.exceptions import RequestError
 from proctor.server.settings import Settings
+from proctor.server.storage import AsyncStore
+from proctor.server.store import Store
 
 __all__ = ["ExperienceStore"]
 
@@ -25,33 +28,28 @@ T = TypeVar("T")
 class ExperienceStore:
     """Create with :meth:`open`, release with :meth:`close`; ``await store.call(TransferDock.put, …)``."""
 
-    def __init__(self, dock: TransferDock, thread: ThreadPoolExecutor) -> None:
+    def __init__(self, dock: TransferDock, storage: AsyncStore) -> None:
         self.dock = dock
-        self._thread = thread
+        self._storage = storage
+
+    @property
+    def state(self) -> Store:
+        """The state's store, for a call that writes both (on the store's thread, inside :meth:`call`)."""
+        return self._storage.store
 
     @classmethod
-    async def open(cls, settings: Settings, path: str) -> ExperienceStore:
-        """The store's tables in the state file at ``path``."""
-        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proctor-dock")
-        try:
-            dock = await asyncio.get_running_loop().run_in_executor(
-                thread,
-                lambda: TransferDock(
-                    path, keep_iterations=settings.dock_keep_iterations, synchronous=settings.state_sync
-                ),
-            )
-        except BaseException:
-            thread.shutdown()
-            raise
-        return cls(dock, thread)
+    async def open(cls, settings: Settings, storage: AsyncStore) -> ExperienceStore:
+        """The store's tables in ``storage``'s state file, on its connection and thread."""
+        connection, keep = storage.store.connection, settings.dock_keep_iterations
+        dock = await storage.write(lambda: TransferDock(connection, keep_iterations=keep))
+        return cls(dock, storage)
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self.dock.close)
-        self._thread.shutdown(wait=True)
+        await self._storage.write(self.dock.close)
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` on the store's thread; a :class:`DockError` becomes a :class:`RequestError`."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args, **kwargs))
+            return await self._storage.write(fn, *args, **kwargs)
         except DockError as exc:
             raise RequestError(exc.message, status_code=exc.status, code=exc.code) from exc

@@ -7,8 +7,9 @@ the grader role's rewards.
 - ``/grade`` writes its completions to their rows (:meth:`Rollouts.enqueue`); a completion that fills none of
   its step's slots goes to the step's table of loose completions (:func:`~proctor.dock.columns.loose_table`).
 - A collection by the grader role (the dataserver's own pool or a remote ``proctor grade-worker``) is also a
-  grade: it is stored and counted in the curriculum's statistics through the :class:`GradeLedger`, once
-  per completion however often a row is re-dispatched.
+  grade: it is stored in the state file with its record's statistics, in the transaction that writes the
+  rewards, and counted in the curriculum's statistics (:class:`GradeLedger`), once per completion however
+  often a row is re-dispatched or posted.
 - Waiters (the local grader role, ``/grade`` waiting for rewards) are woken when rows are written or graded.
 """
 
@@ -19,6 +20,7 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,7 +28,9 @@ from proctor.dock import (
     CellsMissingError,
     Collected,
     Dispatch,
+    DockError,
     DockInputError,
+    LeaseError,
     RowKey,
     ShapeConflictError,
     TableInfo,
@@ -45,9 +49,9 @@ from proctor.server.experience import ExperienceStore
 from proctor.server.grading.ledger import GradeLedger
 from proctor.server.sampling import SamplingService
 from proctor.server.sources.base import Record, SampleId
-from proctor.server.store import NO_SLOT, GradeKey, GradeRow
+from proctor.server.store import NO_SLOT, GradeKey, GradeRow, IterationRow, Store, StoredGrades
 
-__all__ = ["Completion", "Enqueued", "Rollouts", "Signal"]
+__all__ = ["Completion", "Enqueued", "Recorded", "Rollouts", "Signal", "grade_key", "reference"]
 
 T = TypeVar("T")
 
@@ -55,6 +59,7 @@ _OPENED = 4096  # steps remembered as opened, so a repeated /sample costs no sto
 _RECOVER_ROWS = 4096
 _SIGNALS = 1024  # tables whose collections /grade can wait for at once
 _LOOK_S = 0.05
+_GRADES_PER_PART = 256  # grades counted in the curriculum's statistics between two turns of the event loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +82,8 @@ class Completion:
 @dataclass(frozen=True, slots=True)
 class Enqueued:
     """Where :meth:`Rollouts.enqueue` put each completion (``(table, slot, index)``, in the order given), and
-    the leases it took on those rows for the caller to grade (with ``claim``)."""
+    the leases it took on those rows for the caller to grade (with ``claim``; they carry no columns: the
+    caller holds the values it wrote)."""
 
     rows: list[tuple[int, int, int]]
     leases: list[Dispatch]
@@ -101,6 +107,7 @@ class Rollouts:
         # Per table of loose completions: the slots holding each (step, sample_id, step_slot). Used on the
         # store's thread only; rebuilt from the table after a restart.
         self._loose: dict[int, dict[tuple[int, str, int], list[int]]] = {}
+        ctx.storage.join(_SampledTables(self))
 
     async def sample(self, req: wire.SampleRequest) -> bytes:
         """``/sample``: the batch, with its step's table opened in the store."""
@@ -116,8 +123,9 @@ class Rollouts:
                 await self._opener
 
     async def _open_step(self, iteration: int) -> None:
-        """Open a sampled step's table. The steps sampled meanwhile are opened together, in one call of the
-        store and one commit: opening is most of what a new step costs the server."""
+        """Open the table of a step sampled without it (by an earlier run, or refused when it was sampled; a
+        new step's table is opened in the commit that records it). Steps asked for meanwhile are opened
+        together, in one call of the store and one commit."""
         pending = self._opening.get(iteration)
         if pending is None:
             pending = self._opening[iteration] = asyncio.get_running_loop().create_future()
@@ -132,7 +140,7 @@ class Rollouts:
             opening, self._opening = self._opening, {}
             try:
                 batches = [b for i in opening if (b := await self.sampling.served(i)) is not None]
-                await x.call(_open_all_sampled, x.dock, self.ctx.curriculum, batches)
+                await x.call(_open_all_sampled, x.dock, self.ctx.curriculum, [_Step.served(b) for b in batches])
             except BaseException as exc:
                 for future in opening.values():
                     if not future.done():
@@ -141,10 +149,14 @@ class Rollouts:
                     raise
                 continue
             for iteration, future in opening.items():
-                self._opened[iteration] = None
+                self.opened(iteration)
                 future.set_result(None)
-            while len(self._opened) > _OPENED:
-                del self._opened[next(iter(self._opened))]
+
+    def opened(self, iteration: int) -> None:
+        """Remember that the step's table is open: its next ``/sample`` costs no store call."""
+        self._opened[iteration] = None
+        while len(self._opened) > _OPENED:
+            del self._opened[next(iter(self._opened))]
 
     async def open(self, iteration: int, slots: int, group_size: int | None) -> TableInfo:
         """Open the step's table; for a step this server sampled, its prompt's columns are written."""
@@ -160,7 +172,7 @@ class Rollouts:
         info = await x.call(x.dock.open, iteration, slots=slots, group_size=group_size)
         if served is not None and col.SAMPLE_ID not in info.written:
             # A step sampled before its table could be opened (by a server without the store, say).
-            info = await x.call(_open_sampled, x.dock, self.ctx.curriculum, served)
+            info = await x.call(_open_sampled, x.dock, self.ctx.curriculum, _Step.served(served))
             await self.written.notify()
         return info
 
@@ -179,28 +191,39 @@ class Rollouts:
         # No wake-up: the rows are leased to the caller, or wait for remote grade-workers, which poll.
         return enqueued
 
-    async def collect(self, lease: str, columns: Mapping[str, Sequence[Value]], *, record: bool = True) -> Collected:
-        """Collect a lease; the grader role's collections are stored and counted as grades (unless the caller
-        records them itself, with ``record=False``)."""
+    async def collect(
+        self, lease: str, columns: Mapping[str, Sequence[Value]], *, grades: Sequence[GradeRow] | None = None
+    ) -> Recorded:
+        """Collect a lease. A collection by the grader role is also a grade: stored in the state file, with
+        its record's statistics, in the transaction that writes the rewards, and counted once however often
+        the rows are re-dispatched or posted. ``grades`` are the rows' grades when the caller has them (a
+        ``/grade`` grading its own rows); they are stored even when the store refuses the collection (the
+        lease ended, or retention dropped the table), with the refusal in :attr:`Recorded.refused`."""
         x = self.experience
-        collected = await x.call(x.dock.collect, lease, columns)
-        if record:
-            await self._collected(collected, columns)
-        else:
-            await self._signal(collected.iteration).notify()
-        return collected
+        recorded = await x.call(_collect_and_record, x.dock, x.state, lease, columns, grades, self._stage_of)
+        await self._counted(recorded)
+        return recorded
 
     async def collect_wire(self, lease: str, body: dw.CollectRequest) -> Collected:
         """:meth:`collect` for a ``/dock`` request: its columns are decoded on the store's thread too."""
         x = self.experience
-        collected, columns = await x.call(_collect, x.dock, lease, body)
-        await self._collected(collected, columns)
-        return collected
+        recorded = await x.call(_collect_wire, x.dock, x.state, lease, body, self._stage_of)
+        await self._counted(recorded)
+        assert recorded.collected is not None
+        return recorded.collected
 
-    async def _collected(self, collected: Collected, columns: Mapping[str, Sequence[Value]]) -> None:
-        if collected.consumer == col.GRADER.name:
-            await self._record_grades(collected, columns)
-        await self._signal(collected.iteration).notify()
+    def _stage_of(self, step: int) -> int:
+        # Read on the store's thread: a sampled step's stage is fixed once it is sampled (the schedule only
+        # grows past the latest step), so reading it beside the event loop is safe.
+        return self.ctx.progress.stage_of(step)
+
+    async def _counted(self, recorded: Recorded) -> None:
+        """Count the grades a collection stored, a slice at a time, and wake its table's waiters."""
+        for part, stored in recorded.parts:
+            self.ledger.count(part, stored)
+            await asyncio.sleep(0)
+        if recorded.collected is not None:
+            await self._signal(recorded.collected.iteration).notify()
 
     def _signal(self, table: int) -> Signal:
         signal = self.collected.get(table)
@@ -254,17 +277,16 @@ class Rollouts:
         return await x.call(x.dock.renew, lease, lease_s)
 
     async def recover(self) -> None:
-        """Store and count every grade the store holds that the state file lacks: a server killed after the
-        grader role's collection and before its grades were recorded. Recording is idempotent, so the grades
-        recorded already count once still."""
+        """Store and count every grade the store holds that the state file lacks (a state file written by a
+        server that stored them apart). Storing is idempotent, so the grades stored already count once still."""
         x = self.experience
         for info in await x.call(x.dock.tables):
             if not info.written.get(col.REWARD):
                 continue
             rows = [(s, k) for s in range(info.slots) for k in range(info.width)]
             for start in range(0, len(rows), _RECOVER_ROWS):
-                part = tuple(rows[start : start + _RECOVER_ROWS])
-                await self._record_grades(Collected(col.GRADER.name, info.iteration, part), {})
+                part = Collected(col.GRADER.name, info.iteration, tuple(rows[start : start + _RECOVER_ROWS]))
+                await self._counted(await x.call(_record, x.dock, x.state, part, {}, self._stage_of))
 
     async def when_written(self, table: int, wait_s: float, read: Callable[[], Awaitable[T]]) -> T:
         """``read()`` once it no longer fails for cells not yet written, or its failure after ``wait_s``."""
@@ -280,31 +302,6 @@ class Rollouts:
                     raise
             # Collections wake it at once; other writes are seen at the next look.
             await signal.wait(since, min(left, _LOOK_S))
-
-    async def _record_grades(self, collected: Collected, columns: Mapping[str, Sequence[Value]]) -> None:
-        """Store and count the grades the grader role collected. Its reward columns are in ``columns``, unless
-        a collection left them out (they were written before, or not at all: such rows have no grade)."""
-        x = self.experience
-        rewards = (col.REWARD, col.REWARD_DETAIL)
-        loose = collected.iteration < 0
-        where = (col.STEP, col.STEP_SLOT) if loose else ()
-        names = (col.SAMPLE_ID, col.COMPLETION, *where, *(c for c in rewards if c not in columns))
-        read = await x.call(x.dock.read, collected.iteration, collected.rows, names, missing="none")
-        values = {**read, **{c: columns[c] for c in rewards if c in columns}}
-        grades: list[GradeRow] = []
-        for n, (slot, index) in enumerate(collected.rows):
-            sample_id, reward = values[col.SAMPLE_ID][n], values[col.REWARD][n]
-            if sample_id is None or reward is None:
-                continue
-            step, step_slot = collected.iteration, slot
-            if loose:
-                step, step_slot = int(values[col.STEP][n]), int(values[col.STEP_SLOT][n])
-            key = grade_key(step, str(sample_id), step_slot, index, str(values[col.COMPLETION][n]))
-            components, error = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
-            source = SampleId.parse(str(sample_id)).source
-            stage = self.ctx.progress.stage_of(step)
-            grades.append(GradeRow(key, stage, source, float(reward), components, error))
-        await self.ledger.record(grades)
 
 
 class Signal:
@@ -326,6 +323,93 @@ class Signal:
                 await asyncio.wait_for(self._changed.wait_for(lambda: self.version != since), timeout_s)
 
 
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A collection and the grades it stored, in slices of at most a few hundred (each with its outcomes),
+    for the curriculum's statistics to count a slice at a time."""
+
+    collected: Collected | None
+    """None when the store refused it (see :attr:`refused`)."""
+    parts: list[tuple[list[GradeRow], StoredGrades]]
+    refused: str | None = None
+    """Why the store refused the collection: the lease had ended, or retention had dropped the table."""
+
+    @property
+    def exists(self) -> set[GradeKey]:
+        """The grades that were stored already (by a concurrent request), and so not counted again."""
+        return {
+            row.key
+            for rows, stored in self.parts
+            for row, outcome in zip(rows, stored.outcomes, strict=True)
+            if outcome == "exists"
+        }
+
+
+def _collect_and_record(
+    dock: TransferDock,
+    state: Store,
+    lease: str,
+    columns: Mapping[str, Sequence[Value]],
+    grades: Sequence[GradeRow] | None,
+    stage_of: Callable[[int], int],
+) -> Recorded:
+    """The collection and, for the grader role's, its grades: one transaction."""
+    with dock.batch():
+        try:
+            collected = dock.collect(lease, columns)
+        except (LeaseError, UnknownIterationError) as exc:
+            if grades is None:
+                raise
+            return Recorded(None, _store_grades(state, grades), refused=exc.message)
+        if collected.consumer != col.GRADER.name:
+            return Recorded(collected, [])
+        if grades is None:
+            return _record(dock, state, collected, columns, stage_of)
+        return Recorded(collected, _store_grades(state, grades))
+
+
+def _collect_wire(
+    dock: TransferDock, state: Store, lease: str, body: dw.CollectRequest, stage_of: Callable[[int], int]
+) -> Recorded:
+    return _collect_and_record(dock, state, lease, dw.columns_from_wire(body.columns), None, stage_of)
+
+
+def _record(
+    dock: TransferDock,
+    state: Store,
+    collected: Collected,
+    columns: Mapping[str, Sequence[Value]],
+    stage_of: Callable[[int], int],
+) -> Recorded:
+    """Store the grades of rows the grader role collected, read from their cells (the reward's columns from
+    ``columns`` where the collection carried them; a row without a reward has no grade)."""
+    rewards = (col.REWARD, col.REWARD_DETAIL)
+    loose = collected.iteration < 0
+    where = (col.STEP, col.STEP_SLOT) if loose else ()
+    names = (col.SAMPLE_ID, col.COMPLETION, *where, *(c for c in rewards if c not in columns))
+    with dock.batch():
+        read = dock.read(collected.iteration, collected.rows, names, missing="none")
+        values = {**read, **{c: columns[c] for c in rewards if c in columns}}
+        grades: list[GradeRow] = []
+        for n, (slot, index) in enumerate(collected.rows):
+            sample_id, reward = values[col.SAMPLE_ID][n], values[col.REWARD][n]
+            if sample_id is None or reward is None:
+                continue
+            step, step_slot = collected.iteration, slot
+            if loose:
+                step, step_slot = int(values[col.STEP][n]), int(values[col.STEP_SLOT][n])
+            key = grade_key(step, str(sample_id), step_slot, index, str(values[col.COMPLETION][n]))
+            components, error = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
+            source = SampleId.parse(str(sample_id)).source
+            grades.append(GradeRow(key, stage_of(step), source, float(reward), components, error))
+        return Recorded(collected, _store_grades(state, grades))
+
+
+def _store_grades(state: Store, grades: Sequence[GradeRow]) -> list[tuple[list[GradeRow], StoredGrades]]:
+    parts = [list(grades[start : start + _GRADES_PER_PART]) for start in range(0, len(grades), _GRADES_PER_PART)]
+    return [(part, state.insert_grades(part)) for part in parts]
+
+
 def grade_key(step: int, sample_id: str, step_slot: int | None, index: int, completion: str) -> GradeKey:
     """What makes a grade the same grade: see :data:`proctor.server.store.GradeKey`."""
     sha = hashlib.sha256(completion.encode()).hexdigest()
@@ -343,7 +427,8 @@ def _put(dock: TransferDock, iteration: int, body: dw.PutRequest) -> None:
     dock.put(iteration, body.rows, dw.columns_from_wire(body.columns))
 
 
-def _reference(record: Record) -> dict[str, Any]:
+def reference(record: Record) -> dict[str, Any]:
+    """A record's ``reference`` cell: what its graders check a completion against."""
     return {"answer": record.answer, "metadata": dict(record.metadata)}
 
 
@@ -353,15 +438,65 @@ def _retrieved(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
-def _open_all_sampled(dock: TransferDock, curriculum: Curriculum, batches: Sequence[ServedBatch]) -> None:
+def _open_all_sampled(dock: TransferDock, curriculum: Curriculum, steps: Sequence[_Step]) -> None:
     """Open the tables of sampled steps in one commit; a step older than every table kept is left without."""
     with dock.batch():
-        for served in batches:
+        for step in steps:
             with contextlib.suppress(UnknownIterationError):
-                _open_sampled(dock, curriculum, served)
+                _open_sampled(dock, curriculum, step)
 
 
-def _open_sampled(dock: TransferDock, curriculum: Curriculum, served: ServedBatch) -> TableInfo:
+class _SampledTables:
+    """Opens each new step's table in the transaction that records the step (:meth:`AsyncStore.join`): a step
+    is on disk with its table, or not at all, and ``/sample`` waits for one commit, not two."""
+
+    def __init__(self, rollouts: Rollouts) -> None:
+        self._rollouts = rollouts
+        self._refused: set[int] = set()  # written on the store's thread, read on the loop after the commit
+
+    def transaction(self) -> AbstractContextManager[None]:
+        return self._rollouts.experience.dock.batch()
+
+    def recorded(self, rows: Sequence[IterationRow]) -> None:
+        dock, curriculum = self._rollouts.experience.dock, self._rollouts.ctx.curriculum
+        for row in rows:
+            try:
+                _open_sampled(dock, curriculum, _Step.recorded(row, curriculum))
+            except UnknownIterationError:
+                pass  # older than every table kept
+            except DockError:
+                # The store refused this table (a trainer opened it first with another shape, say): the step
+                # stays sampled, and its next /sample opens it again, answering the refusal.
+                self._refused.add(row.iteration)
+
+    def committed(self, rows: Sequence[IterationRow]) -> None:
+        for row in rows:
+            if row.iteration in self._refused:
+                self._refused.discard(row.iteration)
+            else:
+                self._rollouts.opened(row.iteration)
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What opening a sampled step's table needs of its batch."""
+
+    iteration: int
+    batch_size: int
+    sample_ids: Sequence[str]
+    stage_name: str
+
+    @classmethod
+    def served(cls, batch: ServedBatch) -> _Step:
+        return cls(batch.iteration, batch.batch_size, batch.sample_ids, batch.stage_name)
+
+    @classmethod
+    def recorded(cls, row: IterationRow, curriculum: Curriculum) -> _Step:
+        ids = [str(s["sample_id"]) for s in row.samples]
+        return cls(row.iteration, row.batch_size, ids, curriculum.stages[row.stage].name)
+
+
+def _open_sampled(dock: TransferDock, curriculum: Curriculum, served: _Step) -> TableInfo:
     """Open a sampled step's table with the prompt's columns of each slot (on the store's thread: it grows
     with the batch)."""
     prompts: list[str] = []
@@ -377,7 +512,7 @@ def _open_sampled(dock: TransferDock, curriculum: Curriculum, served: ServedBatc
             continue
         record = src.record(sid.key)
         prompts.append(record.prompt)
-        references.append(_reference(record))
+        references.append(reference(record))
     dock.open(served.iteration, slots=served.batch_size)
     slots = list(range(served.batch_size))
     step = dock.limits.max_rows_per_call
@@ -417,7 +552,8 @@ def _enqueue(
                 for table, slot, index in rows:
                     by_table.setdefault(table, []).append((slot, index))
                 for table, keys in by_table.items():
-                    lease = dock.claim(col.GRADER.name, table, keys, lease_s=lease_s)
+                    # The caller grades what it just wrote: nothing to read back.
+                    lease = dock.claim(col.GRADER.name, table, keys, lease_s=lease_s, read=False)
                     if lease.lease is not None:
                         leases.append(lease)
             return Enqueued(rows, leases)
@@ -556,7 +692,7 @@ def _place_loose(
                 {
                     col.SAMPLE_ID: [c.sample_id for c in cs],
                     col.PROMPT: [c.record.prompt for c in cs],
-                    col.REFERENCE: [_reference(c.record) for c in cs],
+                    col.REFERENCE: [reference(c.record) for c in cs],
                     col.STAGE: [stage_names[c.step] for c in cs],
                     col.STEP: [c.step for c in cs],
                     col.STEP_SLOT: [NO_SLOT if c.step_slot is None else c.step_slot for c in cs],

@@ -1,11 +1,13 @@
 """The state file as the event loop uses it: :class:`AsyncStore` decides where each store call runs, commits
 new iterations in groups, keeps the WAL short, and stops the server from serving once a write has failed.
 
-Where calls run. With ``PROCTOR_STATE_SYNC=normal`` (the default) a commit does not wait for the disk, and
-every call runs inline on the event loop: an indexed read or a commit costs tens of microseconds, where a hop
-to a thread costs a wait for the GIL that the busy loop holds (under load, most of /sample's latency). With
-``full`` a commit waits for an fsync, so every call runs on the store's own thread, in order. Start-up reads
-(full scans) always run on that thread, and checkpoints on a thread and connection of their own.
+Where calls run. Every write runs on the store's one thread, in order: the experience store's
+(:class:`~proctor.server.experience.ExperienceStore`) too, on the same connection, so that a call can make
+both in one transaction (a grade, its record's statistics and the store's cells). A request's look-ups
+(indexed reads, tens of microseconds) run inline on the event loop, through a connection of their own that
+reads the last commit, so they never wait for a write; an in-memory state file has one connection only, and
+reads on the thread too. Start-up reads (full scans) run on the thread, and checkpoints on a thread and
+connection of their own.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from proctor.server.curriculum.adaptive import item_tracking
 from proctor.server.curriculum.engine import TransitionRecord
@@ -31,10 +35,9 @@ from proctor.server.store import (
     IterationTotals,
     StageTotals,
     Store,
-    StoredGrades,
 )
 
-__all__ = ["AsyncStore", "StoredProgress"]
+__all__ = ["AsyncStore", "IterationsJoiner", "StoredProgress"]
 
 log = logging.getLogger("proctor")
 
@@ -62,18 +65,38 @@ class StoredProgress:
     recent_errors: list[tuple[int, str, str]]
 
 
+class IterationsJoiner(Protocol):
+    """Another store's writes made in the transaction of each group commit of new iterations (the experience
+    store's tables of the sampled steps)."""
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """The transaction, on the shared connection, that the group commit runs in (on the store's thread)."""
+
+    def recorded(self, rows: Sequence[IterationRow]) -> None:
+        """The other store's writes for ``rows``, inside :meth:`transaction` (on the store's thread)."""
+
+    def committed(self, rows: Sequence[IterationRow]) -> None:
+        """On the event loop, once the transaction is committed, before any request waiting for it goes on."""
+
+
 class AsyncStore:
     """Create with :meth:`open`, release with :meth:`close`."""
 
-    def __init__(self, store: Store, thread: ThreadPoolExecutor, settings: Settings) -> None:
+    def __init__(self, store: Store, thread: ThreadPoolExecutor) -> None:
         self._store = store
-        self._thread = thread
-        self._inline = settings.state_sync != "full"
+        self.thread = thread
+        """The thread every write runs on (the experience store's too)."""
+        self._inline = store.concurrent_reads
         self.failure: str | None = None
         self._checkpoints: asyncio.Task[None] | None = None
         self._queued: list[_Queued] = []
         self._idle = asyncio.Event()  # set while no group commit is queued or running
         self._idle.set()
+        self._joiner: IterationsJoiner | None = None
+
+    def join(self, joiner: IterationsJoiner) -> None:
+        """Make ``joiner``'s writes part of every group commit of new iterations, from now on."""
+        self._joiner = joiner
 
     @classmethod
     async def open(cls, settings: Settings, curriculum: Curriculum) -> AsyncStore:
@@ -96,7 +119,7 @@ class AsyncStore:
             await loop.run_in_executor(thread, store.close)
             thread.shutdown()
             raise
-        wrapper = cls(store, thread, settings)
+        wrapper = cls(store, thread)
         wrapper._checkpoints = asyncio.create_task(wrapper._checkpoint_forever())
         return wrapper
 
@@ -105,6 +128,19 @@ class AsyncStore:
         """The state file (or ``:memory:``)."""
         return self._store.path
 
+    @property
+    def store(self) -> Store:
+        """The store itself, for calls made on :attr:`thread` (see :meth:`write`)."""
+        return self._store
+
+    async def write(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` on the store's thread, where every write runs; a failure of the state file
+        stops the server (:meth:`fail`) and is a 503."""
+        try:
+            return await self._on_thread(fn, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise UnavailableError(self.fail(exc)) from exc
+
     async def close(self) -> None:
         if self._checkpoints is not None:
             self._checkpoints.cancel()
@@ -112,7 +148,7 @@ class AsyncStore:
                 await self._checkpoints
         await self._idle.wait()  # let a group commit in progress finish
         await self._on_thread(self._store.close)
-        self._thread.shutdown(wait=True)
+        self.thread.shutdown(wait=True)
 
     async def _checkpoint_forever(self) -> None:
         """Keep the WAL short, on a thread of its own so that writes never wait for the copying."""
@@ -140,9 +176,9 @@ class AsyncStore:
     # --- where calls run ----------------------------------------------------------------------------------
 
     async def _on_thread(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args, **kwargs))
+        return await asyncio.get_running_loop().run_in_executor(self.thread, lambda: fn(*args, **kwargs))
 
-    async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    async def _read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         if self._inline:
             return fn(*args, **kwargs)
         return await self._on_thread(fn, *args, **kwargs)
@@ -171,16 +207,16 @@ class AsyncStore:
         )
 
     async def get_iteration(self, iteration: int) -> IterationRow | None:
-        return await self._call(self._store.get_iteration, iteration)
+        return await self._read(self._store.get_iteration, iteration)
 
     async def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]:
-        return await self._call(self._store.latest_served, sample_ids)
+        return await self._read(self._store.latest_served, sample_ids)
 
     async def graded_iterations(self, iterations: Iterable[int]) -> set[int]:
-        return await self._call(self._store.graded_iterations, iterations)
+        return await self._read(self._store.graded_iterations, iterations)
 
     async def find_grades(self, keys: Iterable[GradeKey]) -> dict[GradeKey, GradeRow]:
-        return await self._call(self._store.find_grades, keys)
+        return await self._read(self._store.find_grades, keys)
 
     # --- writes -------------------------------------------------------------------------------------------
 
@@ -190,9 +226,9 @@ class AsyncStore:
         """Queue a new iteration for the next group commit; the future is done once it is on disk.
 
         The iterations decided in one turn of the event loop (requests that arrived together) are committed
-        in one transaction at the start of the next turn; with ``full`` sync, those decided while a commit
-        waits for its fsync go in the one after. Commits stay in decision order. Should a commit fail, every
-        future of its group fails with :class:`UnavailableError` and the server stops serving (:meth:`fail`).
+        in one transaction, on the store's thread; those decided while a commit runs go in the one after.
+        Commits stay in decision order. Should a commit fail, every future of its group fails with
+        :class:`UnavailableError` and the server stops serving (:meth:`fail`).
         """
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
@@ -205,24 +241,28 @@ class AsyncStore:
     def _start_commit(self) -> None:
         group, self._queued = self._queued, []
         entries = [(row, transitions, samples_json) for row, transitions, samples_json, _ in group]
-        if self._inline:
-            failure: Exception | None = None
-            try:
-                self._store.record_iterations(entries)
-            except Exception as exc:
-                failure = exc
-            self._committed(group, failure)
-            return
-        task = asyncio.ensure_future(self._on_thread(self._store.record_iterations, entries))
+        task = asyncio.ensure_future(self._on_thread(self._record_iterations, entries, self._joiner))
         task.add_done_callback(
             lambda t: self._committed(group, asyncio.CancelledError() if t.cancelled() else t.exception())
         )
+
+    def _record_iterations(
+        self, entries: Sequence[tuple[IterationRow, Sequence[TransitionRecord], str]], joiner: IterationsJoiner | None
+    ) -> None:
+        if joiner is None:
+            self._store.record_iterations(entries)
+            return
+        with joiner.transaction():
+            self._store.record_iterations(entries)
+            joiner.recorded([row for row, _, _ in entries])
 
     def _committed(self, group: list[_Queued], exc: BaseException | None) -> None:
         # A failed commit is a 503 for every request waiting on it, as a failed grade write is.
         error = None if exc is None else UnavailableError(self.fail(exc))
         if error is not None:
             error.__cause__ = exc
+        elif self._joiner is not None:
+            self._joiner.committed([row for row, *_ in group])
         for *_, done in group:
             if done.cancelled():
                 continue
@@ -234,11 +274,3 @@ class AsyncStore:
             asyncio.get_running_loop().call_soon(self._start_commit)
         else:
             self._idle.set()
-
-    async def insert_grades(self, rows: Sequence[GradeRow]) -> StoredGrades:
-        """Store grades in one transaction (see :meth:`Store.insert_grades`); a failed write stops the server
-        and is a 503."""
-        try:
-            return await self._call(self._store.insert_grades, rows)
-        except Exception as exc:
-            raise UnavailableError(self.fail(exc)) from exc

@@ -8,10 +8,10 @@ commit.
 A state file belongs to one curriculum (its content hash and seed): opening it with another is refused,
 since its iterations and grades would no longer mean what they meant.
 
-All methods are synchronous. With ``synchronous=NORMAL`` a commit is a few tens of microseconds of C with no
-fsync, so :class:`proctor.server.storage.AsyncStore` runs writes right on the event loop (no thread hop, no
-contention for the GIL); with ``full`` every commit waits for an fsync, so writes go to a dedicated thread.
-Either way one thread at a time uses the connection. Checkpoints use a connection of their own.
+All methods are synchronous. Writes go through one connection, which the experience store shares (its tables
+live in the same file), so that a grade, its record's statistics and the store's cells are one transaction;
+:class:`proctor.server.storage.AsyncStore` makes every write on one thread. The look-ups a request makes read
+through a second connection, from the event loop, beside the writes. Checkpoints use a connection of their own.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -260,6 +261,13 @@ class Store:
         # stalling that commit (and every request queued behind it) for milliseconds. AsyncStore runs
         # `checkpoint()` on another connection and thread instead, beside the writes.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
+        # Reads the event loop makes while the writer is busy on the store's thread (a file's other connections
+        # read its last commit, WAL mode); an in-memory database has no other connection, so it reads through
+        # the writer.
+        self._reader = self._db
+        if self.path != ":memory:":
+            self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._reader.execute("PRAGMA query_only=ON")
         if self._schema_version() == "1":
             self._db.executescript("BEGIN IMMEDIATE;" + _MIGRATE_1_TO_2 + "COMMIT;")
         if self._schema_version() == "2":
@@ -272,6 +280,23 @@ class Store:
         self._checkpointer: sqlite3.Connection | None = None
         self._checkpoint_lock = threading.Lock()
         self._closed = False
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The writer connection, for the experience store's tables in the same file and transactions."""
+        return self._db
+
+    @property
+    def concurrent_reads(self) -> bool:
+        """Whether the reads (:meth:`get_iteration`, :meth:`latest_served`, :meth:`graded_iterations`,
+        :meth:`find_grades`) may run on another thread than the writes, beside them."""
+        return self._reader is not self._db
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction for the calls inside (say, the experience store's and this store's writes)."""
+        with self._tx():
+            yield
 
     def _schema_version(self) -> str | None:
         if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
@@ -287,6 +312,8 @@ class Store:
         if self.path != ":memory:":
             # Fold the WAL into the database file, so that a stopped server leaves one file behind.
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if self._reader is not self._db:
+            self._reader.close()
         self._db.close()
 
     def checkpoint(self, *, restart_after_frames: int) -> None:
@@ -343,7 +370,7 @@ class Store:
     # --- iterations -------------------------------------------------------------------------------------
 
     def get_iteration(self, iteration: int) -> IterationRow | None:
-        row = self._db.execute(
+        row = self._reader.execute(
             "SELECT iteration, batch_size, stage, samples FROM iterations WHERE iteration = ?", (iteration,)
         ).fetchone()
         if row is None:
@@ -435,7 +462,7 @@ class Store:
         out: dict[str, int] = {}
         for part in _parts(sorted(set(sample_ids)), _KEYS_PER_STATEMENT):
             marks = ",".join("?" * len(part))
-            for sid, iteration in self._db.execute(
+            for sid, iteration in self._reader.execute(
                 f"SELECT sample_id, iteration FROM served WHERE sample_id IN ({marks})", part
             ):
                 out[sid] = int(iteration)
@@ -449,7 +476,7 @@ class Store:
             marks = ",".join("?" * len(part))
             out.update(
                 i
-                for (i,) in self._db.execute(
+                for (i,) in self._reader.execute(
                     f"SELECT DISTINCT iteration FROM grades WHERE iteration IN ({marks})", part
                 )
             )
@@ -462,7 +489,7 @@ class Store:
         out: dict[GradeKey, GradeRow] = {}
         for part in _parts(list(keys), _KEYS_PER_STATEMENT):
             values = ",".join(["(?,?,?,?,?)"] * len(part))
-            rows = self._db.execute(
+            rows = self._reader.execute(
                 f"WITH k (iteration, sample_id, slot, completion_index, completion_sha) AS (VALUES {values})"
                 " SELECT g.iteration, g.sample_id, g.slot, g.completion_index, g.completion_sha, g.stage, g.source,"
                 " g.reward, g.components, g.error FROM k JOIN grades AS g"
@@ -678,9 +705,14 @@ class _Transaction:
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
+        self._outer = False
 
     def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
+        # Inside a transaction already (one the experience store began on the shared connection): part of it.
+        self._outer = self._db.in_transaction
+        if not self._outer:
+            self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if not self._outer:
+            self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")

@@ -1,37 +1,27 @@
-"""Where grades become durable and count: each is stored once, and only a grade stored for the first time
-(or one replacing a failed grade) counts in the curriculum's statistics and the metrics.
+"""Where stored grades count: only a grade stored for the first time (or one replacing a failed grade) counts
+in the curriculum's statistics and the metrics.
 
-``/grade`` and the grader role's collections both record through it, so a completion graded by either
-counts once, however often it is posted or re-dispatched.
+Grades are stored by the grader role's collections (:meth:`proctor.server.rollouts.Rollouts.collect`), in the
+transaction that writes their rewards to the experience store; whoever collected them (``/grade`` grading its
+own rows, the server's role, a remote ``proctor grade-worker``) counts them here, once per completion.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 from proctor.server.context import ServingContext
-from proctor.server.store import GradeKey, GradeRow
+from proctor.server.store import GradeRow, StoredGrades
 
 __all__ = ["GradeLedger"]
-
-_GRADES_PER_COMMIT = 256
 
 
 class GradeLedger:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    async def record(self, rows: Sequence[GradeRow]) -> set[GradeKey]:
-        """Store and count ``rows``; returns the keys that were stored already (and so not counted again)."""
+    def count(self, rows: Sequence[GradeRow], stored: StoredGrades) -> None:
+        """Count ``rows``, as the state file stored them (``stored``), in the statistics and the metrics."""
         ctx = self.ctx
-        known: set[GradeKey] = set()
-        # Stored (and counted) a slice at a time; each grade is idempotent, so a slice is a unit of its own.
-        for start in range(0, len(rows), _GRADES_PER_COMMIT):
-            part = rows[start : start + _GRADES_PER_COMMIT]
-            stored = await ctx.storage.insert_grades(part)
-            known.update(row.key for row, status in zip(part, stored.outcomes, strict=True) if status == "exists")
-            counted, touched = ctx.progress.graded(part, stored)
-            ctx.metrics.count_grades(ctx.curriculum, ctx.progress.statistics, counted, touched)
-            await asyncio.sleep(0)
-        return known
+        counted, touched = ctx.progress.graded(rows, stored)
+        ctx.metrics.count_grades(ctx.curriculum, ctx.progress.statistics, counted, touched)

@@ -5,26 +5,26 @@ record), given the iteration (and so the stage) they belong to and an idempotenc
 stored grades. What is new is written to the experience store, each completion to its row (its step's slot,
 or the step's loose completions), and graded by the grader role: this request itself, on this server's
 grader processes, or remote ``proctor grade-worker`` processes (``PROCTOR_GRADER_WORKERS=0``), which it waits
-for. Grades are stored before they are answered or counted in the curriculum's statistics; posting a
-completion again returns its stored grade.
+for. Grades are stored (with the rewards, in one transaction) before they are answered or counted in the
+curriculum's statistics; posting a completion again returns its stored grade.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from proctor.dock import Dispatch
+from proctor.dock import Dispatch, Value
 from proctor.dock import columns as col
 from proctor.server import protocol as wire
 from proctor.server.context import ServingContext
 from proctor.server.exceptions import InvalidRequestError
 from proctor.server.grading.fanout import GraderFanout
-from proctor.server.grading.ledger import GradeLedger
 from proctor.server.grading.role import LEASE_S, grade_lease, grading_time
 from proctor.server.pacing import paced
-from proctor.server.rollouts import Completion, Enqueued, Rollouts, grade_key
+from proctor.server.rollouts import Completion, Enqueued, Rollouts, grade_key, reference
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.store import NO_SLOT, GradeKey, GradeRow
 
@@ -55,13 +55,10 @@ class _Item:
 
 
 class GradingService:
-    def __init__(
-        self, ctx: ServingContext, fanout: GraderFanout | None, rollouts: Rollouts, ledger: GradeLedger
-    ) -> None:
+    def __init__(self, ctx: ServingContext, fanout: GraderFanout | None, rollouts: Rollouts) -> None:
         self.ctx = ctx
         self.fanout = fanout
         self.rollouts = rollouts
-        self.ledger = ledger
         self._loop_share = asyncio.Lock()
 
     async def grade(self, req: wire.GradeRequest) -> wire.GradeResponse:
@@ -89,11 +86,11 @@ class GradingService:
         # The store's work (on its thread) and grading (in other processes, or remote) run outside the loop
         # share: a request waiting for them holds up no other.
         enqueued = await self._enqueue(fresh, {it.key for it in fresh if it.key in stored})
-        values = await self._grade(enqueued.leases)
+        values, raced = await self._grade(enqueued.leases, fresh)
         waiting = [it for it in fresh if it.row not in values]
         values.update(await self._wait(waiting))
         async with self._loop_share:
-            return await self._store_and_answer(items, fresh, values, stored, waited=waiting)
+            return await self._answer(items, fresh, values, stored, raced)
 
     async def _enqueue(self, fresh: Sequence[_Item], regrade: set[GradeKey]) -> Enqueued:
         """Write the completions to the store: each goes to its row, to be graded by the grader role. With
@@ -121,28 +118,55 @@ class GradingService:
             it.row = row
         return enqueued
 
-    async def _grade(self, leases: Sequence[Dispatch]) -> dict[_Row, _Graded]:
-        """Grade the rows this request leased, as the grader role, and collect their rewards."""
+    async def _grade(
+        self, leases: Sequence[Dispatch], fresh: Sequence[_Item]
+    ) -> tuple[dict[_Row, _Graded], set[GradeKey]]:
+        """Grade the rows this request leased, as the grader role, and collect their rewards with their grades
+        (one transaction). Returns the rewards, and the keys whose grade a concurrent request stored first."""
         if not leases:
-            return {}
+            return {}, set()
         fanout = self.fanout
         assert fanout is not None
+        mine = {it.row: it for it in fresh}
+        raced: set[GradeKey] = set()
 
         async def one(lease: Dispatch) -> dict[_Row, _Graded]:
-            assert lease.iteration is not None
-            # A table that retention dropped meanwhile keeps nothing; the grades are still stored and answered.
-            columns = await grade_lease(self.rollouts, fanout, lease, LEASE_S, record=False)
+            table = lease.iteration
+            assert table is not None
+            rows = [(table, slot, index) for slot, index in lease.rows]
+            # The lease carries no cells (see Rollouts.enqueue): the grader's columns come from the items.
+            its = [mine[row] for row in rows]
+            records = [it.record for it in its]
+            assert all(r is not None for r in records)  # only current records are fresh
+            needs: dict[str, list[Value]] = {
+                col.SAMPLE_ID: [it.sample_id for it in its],
+                col.PROMPT: [r.prompt for r in records if r is not None],
+                col.REFERENCE: [reference(r) for r in records if r is not None],
+                col.COMPLETION: [it.completion for it in its],
+                col.COMPLETION_TOKENS: [it.completion_tokens for it in its],
+            }
+            lease = dataclasses.replace(lease, columns=needs)
+
+            def grades(columns: Mapping[str, Sequence[Value]]) -> list[GradeRow]:
+                out = []
+                for row, reward, detail in zip(rows, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True):
+                    it = mine[row]
+                    out.append(GradeRow(it.key, it.stage, it.source, float(reward), *col.parse_reward_detail(detail)))
+                return out
+
+            # A table that retention dropped meanwhile keeps no cells; the grades are still stored and answered.
+            columns, recorded = await grade_lease(self.rollouts, fanout, lease, LEASE_S, grades=grades)
+            if recorded is not None:
+                raced.update(recorded.exists)
             return {
-                (lease.iteration, slot, index): (float(reward), *col.parse_reward_detail(detail))
-                for (slot, index), reward, detail in zip(
-                    lease.rows, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True
-                )
+                row: (float(reward), *col.parse_reward_detail(detail))
+                for row, reward, detail in zip(rows, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True)
             }
 
         found: dict[_Row, _Graded] = {}
         for part in await asyncio.gather(*(one(lease) for lease in leases)):
             found.update(part)
-        return found
+        return found, raced
 
     async def _wait(self, waiting: Sequence[_Item]) -> dict[_Row, _Graded]:
         """The rewards of rows another holder of the grader role grades (a remote grade-worker, or this
@@ -163,26 +187,24 @@ class GradingService:
         await asyncio.gather(*(one(table, its) for table, its in by_table.items()))
         return out
 
-    async def _store_and_answer(
+    async def _answer(
         self,
         items: Sequence[_Item],
         fresh: Sequence[_Item],
         values: Mapping[_Row, _Graded],
         stored: dict[GradeKey, GradeRow],
-        *,
-        waited: Sequence[_Item],
+        raced: set[GradeKey],
     ) -> wire.GradeResponse:
+        """The results. Every fresh grade is stored by now, by its collector: this request's, or (for rows it
+        waited for) another holder's of the grader role, or for a server killed in between, the next start's
+        recovery."""
         ctx = self.ctx
         rows: dict[GradeKey, GradeRow] = {}
         async for it in paced(fresh):
             reward, components, error = values[it.row]
             rows[it.key] = GradeRow(it.key, it.stage, it.source, reward, components, error)
-        # The grades this request graded itself. Those it waited for were recorded by their collector (or, for
-        # a server killed in between, by the next start's recovery).
-        others = {it.key for it in waited}
-        raced = await self.ledger.record([row for key, row in rows.items() if key not in others])
         if raced:
-            # Another request stored the same grade meanwhile; answer with that one, count it once.
+            # Another request stored the same grade meanwhile; answer with that one, counted once.
             stored.update(await ctx.storage.find_grades(raced))
         results = []
         async for it in paced(items):

@@ -92,8 +92,8 @@ def test_an_empty_export_is_a_parquet_file_with_the_schema(
     assert list(rows) == []
     assert rows.features is not None
     assert list(rows.features) == [
-        "table", "iteration", "slot", "index", "sample_id", "stage", "prompt", "reference", "completion",
-        "completion_tokens", "completion_ids", "reward", "reward_detail",
+        "table", "iteration", "slot", "index", "attempt", "latest", "sample_id", "stage", "prompt", "reference",
+        "completion", "completion_tokens", "completion_ids", "reward", "reward_detail",
     ]  # fmt: skip
     assert rows.features["reward"].dtype == "float64"
     assert rows.features["completion_tokens"].dtype == "int64"

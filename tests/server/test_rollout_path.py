@@ -4,6 +4,8 @@ A real server in a thread, real SQLite, the real ``datasets`` reader."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -156,3 +158,37 @@ def test_a_completion_graded_with_an_error_is_graded_again_in_a_row_of_its_own(
         assert first["error"] and again["error"] and not again["cached"]
         table = httpx.get(url + f"/dock/tables/{first['table']}").json()
         assert table["written"]["reward"] == 2
+
+
+def test_a_grade_and_its_reward_are_written_in_one_transaction(live_server: Callable[..., Any], tmp_path: Path) -> None:
+    state = tmp_path / "state.db"
+    with live_server(state=str(state)) as url:
+        samples = sample(url, 0)
+        # The state file refuses every grade from now on, as a full disk would.
+        with sqlite3.connect(state) as db:
+            db.execute("CREATE TRIGGER refuse BEFORE INSERT ON grades BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+        items = [{"sample_id": s["sample_id"], "slot": slot, "completion": "7"} for slot, s in enumerate(samples)]
+        answer = grade(url, items, iteration=0)
+        assert answer.status_code == 503, answer.text
+        assert "stopped accepting writes" in answer.json()["detail"]
+        # The completions were written before grading; their rewards went with the refused grades.
+        written = httpx.get(url + "/dock/tables/0").json()["written"]
+        assert (written["completion"], "reward" in written) == (BATCH, False)
+    with sqlite3.connect(state) as db:
+        assert db.execute("SELECT COUNT(*) FROM grades").fetchone() == (0,)
+        assert db.execute("SELECT COUNT(*) FROM groups").fetchone() == (0,)
+
+
+def test_export_numbers_the_attempts_at_a_step_generated_again(live_server: Callable[..., Any], tmp_path: Path) -> None:
+    out = tmp_path / "rollouts.jsonl"
+    with live_server() as url:
+        [s, *_] = sample(url, 0, batch_size=1)
+        for completion in ("1", "2", "3", "2"):  # generated three times, the second attempt posted again
+            assert grade(url, [{"sample_id": s["sample_id"], "slot": 0, "completion": completion}], 0).is_success
+        assert main(["export", str(out), "--server", url, "--format", "jsonl"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["table"], r["slot"], r["completion"], r["attempt"], r["latest"]) for r in rows] == [
+        (0, 0, "1", 0, False),
+        (-1, 0, "2", 1, False),
+        (-1, 0, "3", 2, True),
+    ]
