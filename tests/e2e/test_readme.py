@@ -5,7 +5,8 @@ The blocks run sit between HTML comment markers (``<!-- NAME:start -->`` … ``<
 or in any page under docs/. The curl lines must print what the page shows under them. Then the training section
 runs in its order: ``make train`` against the run the tour used stops with the one line the page shows, and
 after ``make serve ARGS=--fresh`` it trains. The servers take a free port and a temporary state folder from the
-environment (``PROCTOR_PORT``, ``PROCTOR_STATE_DIR``), which the documented commands leave to it.
+environment (``PROCTOR_PORT``, ``PROCTOR_STATE_DIR``), which the documented commands leave to it. The README's
+TRL script runs too, on the tiny offline model.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from proctor.cli.launcher import free_port
+from proctor.client.tiny import run_defaults
 from tests.conftest import system_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,3 +165,34 @@ def test_the_readme_and_docs_run_as_written(terminal: Terminal) -> None:
     assert trained.stderr == "", trained.stderr
     log = terminal.stop_server()
     assert "--fresh: removed the run's state file" in log
+
+
+def test_the_readmes_trl_script_trains(
+    live_server: Callable[..., Any], tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The README's script as written, on the tiny offline model and a CPU-sized run: the model id and the
+    # server's URL are swapped for the test's, and GRPOConfig takes the test's sizes over the script's.
+    import trl
+
+    [script] = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
+    assert script.count('"Qwen/Qwen2.5-0.5B-Instruct"') == 1 and script.count('"http://127.0.0.1:8000"') == 1
+    sizes = {
+        **run_defaults(tmp_path / "run"),
+        "per_device_train_batch_size": 4,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "max_steps": 2,
+    }
+    real = trl.GRPOConfig
+    monkeypatch.setattr(trl, "GRPOConfig", lambda **values: real(**{**values, **sizes}))
+    with live_server() as url:
+        script = script.replace('"Qwen/Qwen2.5-0.5B-Instruct"', repr(str(tiny_model)))
+        names: dict[str, Any] = {}
+        try:
+            exec(compile(script.replace('"http://127.0.0.1:8000"', repr(url)), "README.md", "exec"), names)
+        finally:
+            if "client" in names:
+                names["client"].close()
+        state = httpx.get(url + "/curriculum").json()
+    # Two steps of one generation each (4 completions), graded through the store.
+    assert sum(stage["graded"] for stage in state["stages"]) == 2 * 4
