@@ -49,6 +49,9 @@ DTYPES: tuple[str, ...] = (
 MAX_NDIM = 4
 _CODE = {name: n for n, name in enumerate(DTYPES)}
 _JSON, _ARRAY = 0, 1  # the first byte of a stored cell
+_JSON_PREFIX = bytes([_JSON])
+# One encoder for every cell: json.dumps with options builds a new one per call, most of a short cell's cost.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def _check_array(field: str, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -69,8 +72,7 @@ def encode_cell(field: str, value: Value) -> bytes:
         header = struct.pack(f"<BBB{array.ndim}I", _ARRAY, _CODE[array.dtype.name], array.ndim, *array.shape)
         return header + np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        return bytes([_JSON]) + text.encode()
+        return _JSON_PREFIX + _ENCODER.encode(value).encode()
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is a ValueError
         raise DockInputError(field, f"not JSON-able and not a numpy array ({exc})") from None
 

@@ -25,6 +25,7 @@ from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.curriculum.samplers import SamplerState
 from proctor.server.curriculum.statistics import window_size
 from proctor.server.curriculum.timeline import RECENT_ERRORS, TIMELINE_ITERATIONS
+from proctor.server.exceptions import NotFoundError
 from proctor.server.experience import ExperienceStore
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.ledger import GradeLedger
@@ -35,6 +36,7 @@ from proctor.server.metrics import Metrics
 from proctor.server.rollouts import Rollouts
 from proctor.server.sampling import SamplingService
 from proctor.server.settings import Settings
+from proctor.server.sources.base import SampleId
 from proctor.server.storage import AsyncStore
 from proctor.server.store import StageTotals
 
@@ -114,6 +116,25 @@ class Dataserver:
 
     def dashboard(self) -> wire.Dashboard:
         return views.dashboard(self.ctx.progress)
+
+    async def step_stats(self, iteration: int) -> wire.StepStats:
+        """A step's groups as the curriculum counted them, and their records' state (tracked sources)."""
+        ctx = self.ctx
+        limit = 2 * ctx.settings.max_batch_size  # the step's slots, and as many groups graded outside them
+        groups = await ctx.storage.step_groups(iteration, limit + 1)
+        last = ctx.progress.last_iteration
+        if not groups and (last is None or iteration > last):
+            raise NotFoundError(
+                f"iteration {iteration} was never sampled and has no grades; the latest sampled is "
+                f"{'none' if last is None else last}"
+            )
+        tracked = finite_sizes(ctx.curriculum)
+        ids = {sample_id: SampleId.parse(sample_id) for sample_id, _, _ in groups[:limit]}
+        keys = {sid: (p.source, p.key) for sid, p in ids.items() if p.source in tracked}
+        states = await ctx.storage.records(keys.values())
+        records = {sid: states[key] for sid, key in keys.items() if key in states}
+        stage = ctx.curriculum.stages[ctx.progress.stage_of(iteration)].name
+        return views.step_stats(iteration, stage, groups[:limit], len(groups) > limit, records)
 
 
 async def _restore(curriculum: Curriculum, storage: AsyncStore) -> CurriculumProgress:

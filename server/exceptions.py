@@ -9,7 +9,7 @@ class its callers catch, e.g. ``CurriculumError`` is a ``ValueError``).
 
 from __future__ import annotations
 
-__all__ = ["ConflictError", "InvalidRequestError", "ProctorError", "RequestError", "UnavailableError"]
+__all__ = ["ConflictError", "InvalidRequestError", "NotFoundError", "ProctorError", "RequestError", "UnavailableError"]
 
 
 class ProctorError(Exception):
@@ -40,6 +40,12 @@ class InvalidRequestError(RequestError):
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         super().__init__(f"{field}: {message}")
+
+
+class NotFoundError(RequestError):
+    """A request for something the server does not have (404)."""
+
+    status_code = 404
 
 
 class ConflictError(RequestError):

@@ -29,11 +29,13 @@ __all__ = [
     "GradeResult",
     "GraderErrorEntry",
     "Graders",
+    "GroupStats",
     "Health",
     "IterationPoint",
     "LocalGraderSpec",
     "Meta",
     "PassRateHistogram",
+    "RecordStats",
     "RemoteGraderSpec",
     "Sample",
     "SampleRequest",
@@ -42,6 +44,7 @@ __all__ = [
     "SourceInfo",
     "StageInfo",
     "StageState",
+    "StepStats",
     "Transition",
     "check_sample_id",
 ]
@@ -379,6 +382,38 @@ class Dashboard(_Wire):
     pass_rates: list[PassRateHistogram]
     grader_errors: int = Field(description="Completions whose grading failed, over the whole run.")
     recent_errors: list[GraderErrorEntry] = Field(description="The latest grader errors (at most 20), newest first.")
+
+
+class GroupStats(_Wire):
+    """One prompt's completions in a step (a GRPO group): their grades, as the curriculum counts them."""
+
+    slot: int | None = Field(description="Its slot in the step's batch; null for completions graded outside it.")
+    sample_id: str
+    graded: int = Field(description="Completions graded without error (every attempt at the step's rows).")
+    mean_reward: float
+    reward_std: float = Field(description="Population standard deviation of the rewards.")
+
+
+class RecordStats(_Wire):
+    """A record's history as the adaptive samplers read it (sources they track: files, not generators)."""
+
+    sample_id: str
+    passes: float = Field(description="Graded completions at or above the source's pass threshold (decayed).")
+    fails: float = Field(description="Graded completions below it (decayed).")
+    groups: int = Field(description="Groups of the record graded so far.")
+    streak: int = Field(description="Consecutive groups, newest first, in which every completion passed.")
+    last_iteration: int | None = Field(description="The step of its newest graded group.")
+
+
+class StepStats(_Wire):
+    """``GET /stats/{iteration}``: a step's groups and their records; they join ``proctor export``'s rows on
+    ``(iteration, slot)`` and ``sample_id``."""
+
+    iteration: int
+    stage: str
+    groups: list[GroupStats] = Field(description="By slot, then sample_id; at most the server's row limit.")
+    truncated: bool = Field(description="Whether more groups exist than were returned.")
+    records: list[RecordStats] = Field(description="The groups' records, for the sources the samplers track.")
 
 
 class Health(_Wire):

@@ -24,6 +24,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from proctor.server.curriculum.adaptive import item_tracking
 from proctor.server.curriculum.engine import TransitionRecord
+from proctor.server.curriculum.items import GroupState, ItemState
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import UnavailableError
 from proctor.server.history import adopt_history, read_history
@@ -217,6 +218,12 @@ class AsyncStore:
 
     async def find_grades(self, keys: Iterable[GradeKey]) -> dict[GradeKey, GradeRow]:
         return await self._read(self._store.find_grades, keys)
+
+    async def step_groups(self, iteration: int, limit: int) -> list[tuple[str, int, GroupState]]:
+        return await self._read(self._store.step_groups, iteration, limit)
+
+    async def records(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], ItemState]:
+        return await self._read(self._store.records, keys)
 
     # --- writes -------------------------------------------------------------------------------------------
 

@@ -482,6 +482,29 @@ class Store:
             )
         return out
 
+    def step_groups(self, iteration: int, limit: int) -> list[tuple[str, int, GroupState]]:
+        """The first ``limit`` groups of a step, as ``(sample_id, slot, state)``, by slot then sample id."""
+        rows = self._reader.execute(
+            "SELECT sample_id, slot, n, mean, m2 FROM groups WHERE iteration = ? ORDER BY slot, sample_id LIMIT ?",
+            (iteration, limit),
+        )
+        return [(sample_id, slot, GroupState(n, mean, m2)) for sample_id, slot, n, mean, m2 in rows]
+
+    def records(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], ItemState]:
+        """The stored state of the records ``(source, key)`` that have one."""
+        out: dict[tuple[str, int], ItemState] = {}
+        for part in _parts(sorted(set(keys)), _KEYS_PER_STATEMENT):
+            values = ",".join(["(?,?)"] * len(part))
+            rows = self._reader.execute(
+                f"WITH k (source, key) AS (VALUES {values}) SELECT i.source, i.key, i.passes, i.fails, i.groups,"
+                " i.streak, i.streak_before, i.last_iteration, i.last_slot, i.served_epoch"
+                " FROM k JOIN items AS i USING (source, key)",
+                [v for k in part for v in k],
+            )
+            for source, key, passes, fails, groups, streak, before, iteration, slot, served in rows:
+                out[(source, key)] = ItemState(passes, fails, groups, streak, before, (iteration, slot), served)
+        return out
+
     # --- grades -----------------------------------------------------------------------------------------
 
     def find_grades(self, keys: Iterable[GradeKey]) -> dict[GradeKey, GradeRow]:

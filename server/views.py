@@ -1,15 +1,19 @@
-"""``GET /meta`` and ``GET /curriculum``: what the server serves and where its curriculum stands."""
+"""``GET /meta``, ``GET /curriculum``, ``GET /dashboard`` and ``GET /stats/{iteration}``: what the server serves,
+where its curriculum stands, and what it counted of each step."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
+
 from proctor.server import __version__
 from proctor.server import protocol as wire
-from proctor.server.curriculum.items import PASS_RATE_BINS
+from proctor.server.curriculum.items import PASS_RATE_BINS, GroupState, ItemState
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.settings import Settings
 
-__all__ = ["curriculum_state", "dashboard", "graders", "meta"]
+__all__ = ["curriculum_state", "dashboard", "graders", "meta", "step_stats"]
 
 
 def meta(curriculum: Curriculum, settings: Settings) -> wire.Meta:
@@ -152,5 +156,41 @@ def dashboard(progress: CurriculumProgress) -> wire.Dashboard:
         grader_errors=sum(tally.errors for tally in progress.statistics.stages),
         recent_errors=[
             wire.GraderErrorEntry(iteration=i, sample_id=sid, error=error) for i, sid, error in progress.timeline.errors
+        ],
+    )
+
+
+def step_stats(
+    iteration: int,
+    stage: str,
+    groups: Sequence[tuple[str, int, GroupState]],
+    truncated: bool,
+    records: Mapping[str, ItemState],
+) -> wire.StepStats:
+    """``GET /stats/{iteration}`` from the step's stored groups and their records' state (by sample id)."""
+    return wire.StepStats(
+        iteration=iteration,
+        stage=stage,
+        groups=[
+            wire.GroupStats(
+                slot=None if slot < 0 else slot,
+                sample_id=sample_id,
+                graded=g.n,
+                mean_reward=g.mean,
+                reward_std=math.sqrt(g.m2 / g.n) if g.n else 0.0,
+            )
+            for sample_id, slot, g in groups
+        ],
+        truncated=truncated,
+        records=[
+            wire.RecordStats(
+                sample_id=sample_id,
+                passes=r.passes,
+                fails=r.fails,
+                groups=r.groups,
+                streak=r.streak,
+                last_iteration=None if r.last_group[0] < 0 else r.last_group[0],
+            )
+            for sample_id, r in records.items()
         ],
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
-from proctor.server.exceptions import RequestError
+from proctor.server.exceptions import NotFoundError
 
 router = APIRouter(include_in_schema=False)
 
@@ -38,5 +38,5 @@ async def read_page_file(name: str) -> FileResponse:
     """The page's script or stylesheet; 404 for any other name."""
     media_type = PAGE_FILES.get(name)
     if media_type is None:
-        raise RequestError(f"no page file {name[:80]!r}; the page has {', '.join(sorted(PAGE_FILES))}", status_code=404)
+        raise NotFoundError(f"no page file {name[:80]!r}; the page has {', '.join(sorted(PAGE_FILES))}")
     return FileResponse(PAGE_DIR / name, media_type=media_type, headers=_HEADERS)

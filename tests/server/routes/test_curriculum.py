@@ -1,9 +1,11 @@
-"""GET /meta and GET /curriculum."""
+"""GET /meta, GET /curriculum and GET /stats/{iteration}."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
+
+from tests.conftest import QA_ROWS
 
 pytestmark = pytest.mark.anyio
 
@@ -53,3 +55,33 @@ async def test_until_step_transitions_are_recorded_with_their_iteration(client: 
 async def test_iterations_past_the_end_stay_in_the_last_stage(client: httpx.AsyncClient) -> None:
     response = await client.post("/sample", json={"iteration": 1000, "batch_size": 2})
     assert response.json()["stage"] == "final"
+
+
+async def test_stats_give_each_group_of_a_step_and_its_records_state(client: httpx.AsyncClient) -> None:
+    samples = (await client.post("/sample", json={"iteration": 25, "batch_size": 2})).json()["samples"]
+    answers = {row["q"]: row["a"] for row in QA_ROWS}
+    # Slot 0 gets one right and one wrong completion; slot 1 two wrong ones.
+    items = [
+        {"sample_id": s["sample_id"], "slot": slot, "completion": answers[s["prompt"]] if (slot, k) == (0, 0) else "?"}
+        for slot, s in enumerate(samples)
+        for k in range(2)
+    ]
+    assert (await client.post("/grade", json={"iteration": 25, "items": items})).status_code == 200
+    stats = (await client.get("/stats/25")).json()
+    assert (stats["iteration"], stats["stage"], stats["truncated"]) == (25, "final", False)
+    assert stats["groups"] == [
+        {"slot": 0, "sample_id": samples[0]["sample_id"], "graded": 2, "mean_reward": 0.5, "reward_std": 0.5},
+        {"slot": 1, "sample_id": samples[1]["sample_id"], "graded": 2, "mean_reward": 0.0, "reward_std": 0.0},
+    ]
+    records = {r["sample_id"]: r for r in stats["records"]}
+    first = records[samples[0]["sample_id"]]
+    assert (first["passes"], first["fails"], first["groups"], first["last_iteration"]) == (1.0, 1.0, 1, 25)
+
+
+async def test_stats_of_a_step_never_sampled_are_a_404_and_of_a_bad_one_a_422(client: httpx.AsyncClient) -> None:
+    missing = await client.get("/stats/3")
+    assert missing.status_code == 404
+    assert missing.json()["detail"] == ("iteration 3 was never sampled and has no grades; the latest sampled is none")
+    bad = await client.get("/stats/-1")
+    assert bad.status_code == 422
+    assert bad.json()["detail"] == 'iteration: Input should be greater than or equal to 0; got "-1"'
