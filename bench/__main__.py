@@ -1,7 +1,7 @@
 """``python -m bench [NAME [FLAG ...] ...]``: the benchmarks, one after the other, each printing its table.
 
-Names: math_grader, server_load, rollout_path, event_loop, memory_soak, dock_throughput, grading_roles, curriculum_sim,
-learning_run, trainer_overhead, batching, grpo_step (default: all).
+Names: math_grader, server_load, rollout_path, event_loop, memory_soak, experience_throughput, grading_roles,
+curriculum_sim, learning_run, trainer_overhead, batching, grpo_step (default: all).
 The flags after a name, up to the next name, are that benchmark's own (``python -m bench memory_soak --quick
 server_load --no-baseline``). Run with the others (no name given), memory_soak soaks at a smaller size (see
 bench/memory_soak.py).
@@ -13,7 +13,7 @@ import itertools
 import sys
 from collections.abc import Sequence
 
-from bench import curriculum_sim, dock_throughput, event_loop, math_grader, memory_soak, rollout_path, server_load
+from bench import curriculum_sim, event_loop, experience_throughput, math_grader, memory_soak, rollout_path, server_load
 
 NAMES = (
     "math_grader",
@@ -21,7 +21,7 @@ NAMES = (
     "rollout_path",
     "event_loop",
     "memory_soak",
-    "dock_throughput",
+    "experience_throughput",
     "grading_roles",
     "curriculum_sim",
     "learning_run",
@@ -58,8 +58,8 @@ def main(args: Sequence[str]) -> None:
     if not only or "memory_soak" in only:
         # Named, it runs the full size (or its flags); in the all-benchmarks run, a smaller one.
         memory_soak.main(flags_after("memory_soak", args) if only else memory_soak.ALL_BENCHMARKS_ARGS)
-    if not only or "dock_throughput" in only:
-        dock_throughput.main(flags_after("dock_throughput", args))
+    if not only or "experience_throughput" in only:
+        experience_throughput.main(flags_after("experience_throughput", args))
     if not only or "grading_roles" in only:
         from bench import grading_roles  # its overlap part needs the `train` extra
 

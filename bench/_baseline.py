@@ -32,7 +32,7 @@ def checkout(ref: str = BASELINE) -> Iterator[tuple[dict[str, str], str]]:
         try:
             package = Path(tmp) / "path" / "proctor"
             package.mkdir(parents=True)
-            for name in ("server", "client", "curricula", "cli", "dock", "batching"):
+            for name in ("server", "client", "curricula", "cli", "experience", "batching"):
                 if (tree / name).is_dir():
                     (package / name).symlink_to(tree / name)
             module = "proctor.cli" if (tree / "cli").is_dir() else "proctor.server.cli"

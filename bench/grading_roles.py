@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from bench._load import dispatch_requests
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
-from proctor.client import DockClient
+from proctor.client import ExperienceClient
 
 GRADER_MS = 50
 PROCESSES = 2  # grader processes of the server's pool, and of each grade-worker
@@ -70,16 +70,16 @@ def _graded_per_s(url: str, first_step: int) -> float:
     """Post LOAD_STEPS steps' completions and time until the grader role has graded them all."""
     steps = range(first_step, first_step + LOAD_STEPS)
     rows = [(s, k) for s in range(LOAD_SLOTS) for k in range(LOAD_GROUP)]
-    with DockClient(url) as dock:
+    with ExperienceClient(url) as experience:
         for step in steps:
-            dock.client.sample(step, LOAD_SLOTS)
+            experience.client.sample(step, LOAD_SLOTS)
         t0 = time.perf_counter()
         for step in steps:
-            dock.open(step, slots=LOAD_SLOTS, group_size=LOAD_GROUP)
+            experience.open(step, slots=LOAD_SLOTS, group_size=LOAD_GROUP)
             texts = [f"step {step} completion {n}" for n in range(len(rows))]
-            dock.put(step, rows, {"completion": texts, "completion_tokens": [None] * len(rows)})
+            experience.put(step, rows, {"completion": texts, "completion_tokens": [None] * len(rows)})
         for step in steps:
-            while not dock.all_consumed("grader", step):
+            while not experience.all_consumed("grader", step):
                 time.sleep(0.01)
         elapsed = time.perf_counter() - t0
     return LOAD_STEPS * len(rows) / elapsed
@@ -87,7 +87,7 @@ def _graded_per_s(url: str, first_step: int) -> float:
 
 def scale_out(tmp: Path, curriculum: Path) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
-    keep = {"PROCTOR_DOCK_KEEP_ITERATIONS": str(LOAD_STEPS)}
+    keep = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": str(LOAD_STEPS)}
     local = ServerProcess(
         [str(curriculum), "--state", str(tmp / "local.db"), "--grader-workers", str(PROCESSES)],
         log=tmp / "local.log",

@@ -107,7 +107,7 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
         args = [str(curriculum), "--state", str(folder / "state.db"), "--log-level", "warning"]
         # Every sampled step's table is kept, so that each /grade finds the step it grades (a trainer grades the
         # step it just sampled; this load samples thousands first).
-        keep = {"PROCTOR_DOCK_KEEP_ITERATIONS": "1000000"}
+        keep = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": "1000000"}
         with ServerProcess(args, log=folder / "server.log", cwd=ROOT, env=keep) as server:
             now = asyncio.run(measure(server.port, seconds, answer_of))
         # The grader role in two `proctor grade-worker` processes instead (one grader process each: as many as

@@ -6,8 +6,8 @@ import argparse
 import os
 import sys
 
-from proctor.client.dock import DockClient
 from proctor.client.errors import DataserverError
+from proctor.client.experience import ExperienceClient
 from proctor.client.export import export_rollouts
 from proctor.client.http import ProctorClient
 
@@ -38,7 +38,7 @@ def export(args: argparse.Namespace) -> int:
     client = ProctorClient(args.server, api_key=args.api_key or os.environ.get("PROCTOR_API_KEY"))
     try:
         rows = export_rollouts(
-            DockClient(client=client),
+            ExperienceClient(client=client),
             args.out,
             iterations=iterations,
             stages=args.stage,

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 import httpx
 
-from proctor.client.dock import DockClient
 from proctor.client.errors import NotReadyError, ServerFailure, TransportError
+from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
 from proctor.server.grading.pool import GraderPool, default_workers
 from proctor.server.grading.registry import SourceGraders
@@ -35,7 +35,7 @@ def grade_worker(args: argparse.Namespace) -> int:
         client.wait_ready(timeout=args.connect_timeout_s)
         spec = client.graders()
         graders = source_graders(spec)
-        return asyncio.run(_run(args, DockClient(client=client), graders, spec.timeout_s))
+        return asyncio.run(_run(args, ExperienceClient(client=client), graders, spec.timeout_s))
     except ValueError as exc:
         print(f"proctor grade-worker: {exc}")
         return 2
@@ -44,7 +44,7 @@ def grade_worker(args: argparse.Namespace) -> int:
 
 
 async def _run(
-    args: argparse.Namespace, dock: DockClient, graders: Mapping[str, SourceGraders], timeout_s: float
+    args: argparse.Namespace, experience: ExperienceClient, graders: Mapping[str, SourceGraders], timeout_s: float
 ) -> int:
     processes = args.workers or default_workers()
     pool = GraderPool(processes)
@@ -57,7 +57,7 @@ async def _run(
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False) as http:
             worker = GradeWorker(
-                dock,
+                experience,
                 graders,
                 pool,
                 http,

@@ -2,7 +2,7 @@
 
 ``ProctorClient`` and its errors need only httpx and pydantic. ``RemoteRLDataset`` needs the ``train``
 extra (``datasets``); it is imported on first use, so that the client works in a server-only install, and so
-are ``DockClient`` (the experience store's client), ``remote_reward`` and ``export_rollouts``, which need
+are ``ExperienceClient`` (the experience store's client), ``remote_reward`` and ``export_rollouts``, which need
 numpy (and pyarrow, for a parquet export).
 """
 
@@ -24,14 +24,14 @@ from proctor.client.http import ProctorClient
 
 if TYPE_CHECKING:
     from proctor.client.dataset import GenerationLayout, RemoteRLDataset
-    from proctor.client.dock import DockClient
+    from proctor.client.experience import ExperienceClient
     from proctor.client.export import export_rollouts
     from proctor.client.rewards import RemoteReward, remote_reward
 
 __all__ = [
     "Conflict",
     "DataserverError",
-    "DockClient",
+    "ExperienceClient",
     "GenerationLayout",
     "NotReadyError",
     "ProctorClient",
@@ -52,10 +52,10 @@ def __getattr__(name: str) -> Any:
         from proctor.client import dataset
 
         return getattr(dataset, name)
-    if name == "DockClient":
-        from proctor.client.dock import DockClient
+    if name == "ExperienceClient":
+        from proctor.client.experience import ExperienceClient
 
-        return DockClient
+        return ExperienceClient
     if name in ("RemoteReward", "remote_reward"):
         from proctor.client import rewards
 

@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from proctor.client.dock import DockClient
-from proctor.dock import TableInfo, TransferDock
-from proctor.dock import columns as col
+from proctor.client.experience import ExperienceClient
+from proctor.experience import ExperienceStore, TableInfo
+from proctor.experience import columns as col
 
 __all__ = ["export_rollouts"]
 
@@ -36,7 +36,7 @@ _ATTEMPT, _LATEST = "attempt", "latest"
 
 
 def export_rollouts(
-    dock: TransferDock | DockClient,
+    experience: ExperienceStore | ExperienceClient,
     out: str | Path,
     *,
     iterations: range | None = None,
@@ -54,13 +54,13 @@ def export_rollouts(
     if fmt not in ("parquet", "jsonl"):
         raise ValueError(f"format must be 'parquet' or 'jsonl', got {fmt!r}")
     steps: dict[int, list[TableInfo]] = {}
-    for t in sorted(dock.tables(), key=lambda t: (_step(t.iteration), t.iteration < 0)):
+    for t in sorted(experience.tables(), key=lambda t: (_step(t.iteration), t.iteration < 0)):
         if iterations is None or _step(t.iteration) in iterations:
             steps.setdefault(_step(t.iteration), []).append(t)
     rows = (
         row
         for tables in steps.values()
-        for row in _attempts([row for table in tables for row in _rows(dock, table)])
+        for row in _attempts([row for table in tables for row in _rows(experience, table)])
         if (stages is None or row.get(col.STAGE) in stages)
         and (sources is None or _source(row.get(col.SAMPLE_ID)) in sources)
     )
@@ -83,14 +83,14 @@ def _step(table: int) -> int:
     return table if table >= 0 else -table - 1
 
 
-def _rows(dock: TransferDock | DockClient, table: TableInfo) -> Iterator[dict[str, Any]]:
+def _rows(experience: ExperienceStore | ExperienceClient, table: TableInfo) -> Iterator[dict[str, Any]]:
     loose = table.iteration < 0
     every = table.group_size is not None and not loose
     keys = [(s, k) for s in range(table.slots) for k in range(table.group_size or table.width)]
     names = sorted(table.written)
     for start in range(0, len(keys), _ROWS_PER_READ):
         part = keys[start : start + _ROWS_PER_READ]
-        values = dock.read(table.iteration, part, names, missing="none") if names else {}
+        values = experience.read(table.iteration, part, names, missing="none") if names else {}
         for n, (slot, index) in enumerate(part):
             if not every and values.get(col.COMPLETION, [None] * len(part))[n] is None:
                 continue  # a row that holds no completion: room for completions not written

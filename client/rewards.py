@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from proctor.client.dock import DockClient
+from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
-from proctor.dock import CellConflictError, CellsMissingError, RowKey, UnknownIterationError
-from proctor.dock import columns as col
+from proctor.experience import CellConflictError, CellsMissingError, RowKey, UnknownIterationError
+from proctor.experience import columns as col
 from proctor.server.protocol import GradeItem
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class RemoteReward:
         self.dataset = dataset
         self.through = through
         self.timeout_s = timeout_s
-        self.dock = DockClient(client=client)
+        self.experience = ExperienceClient(client=client)
         self._opened: set[int] = set()
         self._posted: dict[int, set[RowKey]] = defaultdict(set)
         # Rows whose step was generated again (a run resumed mid-generation): their table holds the first
@@ -143,14 +143,16 @@ class RemoteReward:
                 columns[col.COMPLETION_IDS] = [np.asarray(completion_ids[positions[n]], np.int32) for n in fresh]
             keys = [rows[n] for n in fresh]
             try:
-                self.dock.put(step, keys, columns)
+                self.experience.put(step, keys, columns)
             except CellConflictError:
                 # The step was generated again (a run resumed mid-generation): rows that hold the first
                 # attempt's completions keep them, and the new ones are graded as loose completions.
                 again = self._held_by_others(step, keys, columns[col.COMPLETION])
                 keep = [m for m, key in enumerate(keys) if key not in again]
                 if keep:
-                    self.dock.put(step, [keys[m] for m in keep], {k: [v[m] for m in keep] for k, v in columns.items()})
+                    self.experience.put(
+                        step, [keys[m] for m in keep], {k: [v[m] for m in keep] for k, v in columns.items()}
+                    )
                 self._again[step].update(again)
             self._posted[step].update(rows[n] for n in fresh)
         for step in [s for s in self._posted if s < max(by_step) - 8]:
@@ -159,7 +161,7 @@ class RemoteReward:
 
     def _held_by_others(self, step: int, rows: Sequence[RowKey], texts: Sequence[str]) -> set[RowKey]:
         """Those of ``rows`` that already hold another completion than ``texts``."""
-        held = self.dock.read(step, rows, (col.COMPLETION,), missing="none")[col.COMPLETION]
+        held = self.experience.read(step, rows, (col.COMPLETION,), missing="none")[col.COMPLETION]
         return {row for row, was, now in zip(rows, held, texts, strict=True) if was is not None and was != now}
 
     def _open(self, step: int) -> bool:
@@ -172,7 +174,7 @@ class RemoteReward:
         assert self.dataset is not None
         layout = self.dataset.layout
         try:
-            self.dock.open(step, slots=layout.prompts_per_generation, group_size=layout.num_generations)
+            self.experience.open(step, slots=layout.prompts_per_generation, group_size=layout.num_generations)
         except UnknownIterationError:
             self._outside.add(step)
             if len(self._outside) > 64:
@@ -191,7 +193,7 @@ class RemoteReward:
         while True:
             left = deadline - time.monotonic()
             try:
-                values = self.dock.read(step, rows, names, wait_s=max(0.0, min(left, _WAIT_S)))
+                values = self.experience.read(step, rows, names, wait_s=max(0.0, min(left, _WAIT_S)))
                 break
             except CellsMissingError:
                 if time.monotonic() >= deadline:

@@ -22,7 +22,7 @@ from proctor.server.middleware import (
     RequestMetricsMiddleware,
 )
 from proctor.server.openapi import complete_openapi
-from proctor.server.routes import curriculum, dock, grade, ops, page, sample
+from proctor.server.routes import curriculum, experience, grade, ops, page, sample
 from proctor.server.settings import Settings
 
 __all__ = ["create_app"]
@@ -84,7 +84,7 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
     app.include_router(curriculum.router, responses=keyed)
     app.include_router(sample.router, responses=keyed)
     app.include_router(grade.router, responses=keyed)
-    app.include_router(dock.router, responses=keyed)
+    app.include_router(experience.router, responses=keyed)
     # The live page at `/`: static files, open like the health route (the page sends the key for its data).
     app.include_router(page.router)
     open_paths = ops.OPEN_PATHS | page.OPEN_PATHS

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import httpx
 
-from proctor.dock.columns import GRADER
+from proctor.experience.columns import GRADER
 from proctor.server import protocol as wire
 from proctor.server import views
 from proctor.server.context import ServingContext
@@ -26,7 +26,7 @@ from proctor.server.curriculum.samplers import SamplerState
 from proctor.server.curriculum.statistics import window_size
 from proctor.server.curriculum.timeline import RECENT_ERRORS, TIMELINE_ITERATIONS
 from proctor.server.exceptions import NotFoundError
-from proctor.server.experience import ExperienceStore
+from proctor.server.experience import AsyncExperienceStore
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.ledger import GradeLedger
 from proctor.server.grading.pool import GraderPool
@@ -47,7 +47,7 @@ class Dataserver:
     """Create with :meth:`open`, release with :meth:`close`."""
 
     def __init__(
-        self, ctx: ServingContext, pool: GraderPool | None, http: httpx.AsyncClient, experience: ExperienceStore
+        self, ctx: ServingContext, pool: GraderPool | None, http: httpx.AsyncClient, experience: AsyncExperienceStore
     ) -> None:
         self.ctx = ctx
         self.experience = experience
@@ -66,12 +66,12 @@ class Dataserver:
     async def open(cls, curriculum: Curriculum, settings: Settings, metrics: Metrics) -> Dataserver:
         """Open (or create) the state file, restore the curriculum's progress from it, start the graders."""
         storage = await AsyncStore.open(settings, curriculum)
-        experience: ExperienceStore | None = None
+        experience: AsyncExperienceStore | None = None
         try:
             progress = await _restore(curriculum, storage)
-            experience = await ExperienceStore.open(settings, storage)
+            experience = await AsyncExperienceStore.open(settings, storage)
             g = GRADER
-            await experience.call(experience.dock.register, g.name, needs=g.needs, produces=g.produces)
+            await experience.call(experience.store.register, g.name, needs=g.needs, produces=g.produces)
             pool = GraderPool(settings.grader_workers) if settings.grader_workers > 0 else None
             if pool is not None:
                 await pool.start()

@@ -43,7 +43,9 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
             # Gone before its body arrived (or cut off by the body deadline): nobody is left to answer.
             raise RequestError("body: the client disconnected before sending it whole") from None
         try:
-            return model.model_validate_json(raw)
+            # Strict: a number is a JSON number (``true`` or ``"5"`` is refused, not read as 1 or 5), whatever
+            # the model, including the experience store's, whose client builds them from Python values.
+            return model.model_validate_json(raw, strict=True)
         except ValidationError as exc:
             # Located under "body", as FastAPI's own errors are; the error handler turns them into a 400/422.
             errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]

@@ -27,7 +27,7 @@ class ErrorBody(BaseModel):
     """Every 4xx and 5xx answer: what went wrong, naming the field or header, and what to do."""
 
     detail: str
-    code: str | None = Field(default=None, description="The error's class, on /dock answers.")
+    code: str | None = Field(default=None, description="The error's class, on /experience answers.")
 
 
 class ValidationIssue(BaseModel):

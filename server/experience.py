@@ -1,9 +1,9 @@
-"""The experience store (:class:`~proctor.dock.TransferDock`) behind the dataserver's ``/dock`` routes.
+"""The experience store (:class:`~proctor.experience.ExperienceStore`) behind the dataserver's ``/experience`` routes.
 
 The store keeps its tables in the server's state file, on the state's own writer connection and thread
 (:class:`~proctor.server.storage.AsyncStore`): a call's work grows with its rows (encoding, SQLite), and none
 of it may hold the event loop; and a call can write the store's cells and the state's grades in one
-transaction (:meth:`ExperienceStore.call` with the state's :class:`~proctor.server.store.Store`). The store's
+transaction (:meth:`AsyncExperienceStore.call` with the state's :class:`~proctor.server.store.Store`). The store's
 errors become answers with their status and ``code``; a failed write of the file stops the server, as the
 state's own writes do.
 """
@@ -13,23 +13,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from proctor.dock import DockError, TransferDock
+from proctor.experience import ExperienceError, ExperienceStore
 from proctor.server.exceptions import RequestError
 from proctor.server.settings import Settings
 from proctor.server.storage import AsyncStore
 from proctor.server.store import Store
 
-__all__ = ["ExperienceStore"]
+__all__ = ["AsyncExperienceStore"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class ExperienceStore:
-    """Create with :meth:`open`, release with :meth:`close`; ``await store.call(TransferDock.put, …)``."""
+class AsyncExperienceStore:
+    """Create with :meth:`open`, release with :meth:`close`; ``await store.call(ExperienceStore.put, …)``."""
 
-    def __init__(self, dock: TransferDock, storage: AsyncStore) -> None:
-        self.dock = dock
+    def __init__(self, store: ExperienceStore, storage: AsyncStore) -> None:
+        self.store = store
         self._storage = storage
 
     @property
@@ -38,18 +38,18 @@ class ExperienceStore:
         return self._storage.store
 
     @classmethod
-    async def open(cls, settings: Settings, storage: AsyncStore) -> ExperienceStore:
+    async def open(cls, settings: Settings, storage: AsyncStore) -> AsyncExperienceStore:
         """The store's tables in ``storage``'s state file, on its connection and thread."""
-        connection, keep = storage.store.connection, settings.dock_keep_iterations
-        dock = await storage.write(lambda: TransferDock(connection, keep_iterations=keep))
-        return cls(dock, storage)
+        connection, keep = storage.store.connection, settings.experience_keep_iterations
+        store = await storage.write(lambda: ExperienceStore(connection, keep_iterations=keep))
+        return cls(store, storage)
 
     async def close(self) -> None:
-        await self._storage.write(self.dock.close)
+        await self._storage.write(self.store.close)
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """``fn(*args, **kwargs)`` on the store's thread; a :class:`DockError` becomes a :class:`RequestError`."""
+        """``fn(*args, **kwargs)`` on the store's thread; a :class:`ExperienceError` becomes a :class:`RequestError`."""
         try:
             return await self._storage.write(fn, *args, **kwargs)
-        except DockError as exc:
+        except ExperienceError as exc:
             raise RequestError(exc.message, status_code=exc.status, code=exc.code) from exc

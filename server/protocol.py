@@ -225,7 +225,7 @@ class GradeResult(_Wire):
     cached: bool = Field(default=False, description="True when this exact completion was graded before.")
     table: int | None = Field(
         default=None,
-        description="The experience-store table that holds the completion (GET /dock/tables/{table}): its step, "
+        description="The experience-store table that holds the completion (GET /experience/tables/{table}): its step, "
         "or -(step + 1) for the step's loose completions (graded outside the step's batch, or another completion "
         "than the one its row holds). Null for a completion answered from its stored grade, or not graded.",
     )

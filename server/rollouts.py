@@ -5,7 +5,7 @@ the grader role's rewards.
   ``reference``, ``stage``) written per slot, so every client's rollouts land in the store and a trainer
   writes only its completions.
 - ``/grade`` writes its completions to their rows (:meth:`Rollouts.enqueue`); a completion that fills none of
-  its step's slots goes to the step's table of loose completions (:func:`~proctor.dock.columns.loose_table`).
+  its step's slots goes to the step's table of loose completions (:func:`~proctor.experience.columns.loose_table`).
 - A collection by the grader role (the dataserver's own pool or a remote ``proctor grade-worker``) is also a
   grade: it is stored in the state file with its record's statistics, in the transaction that writes the
   rewards, and counted in the curriculum's statistics (:class:`GradeLedger`), once per completion however
@@ -24,28 +24,28 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from proctor.dock import (
+from proctor.experience import (
     CellsMissingError,
     Collected,
     Dispatch,
-    DockError,
-    DockInputError,
+    ExperienceError,
+    ExperienceInputError,
+    ExperienceStore,
     LeaseError,
     RowKey,
     ShapeConflictError,
     TableInfo,
-    TransferDock,
     UnknownIterationError,
     Value,
 )
-from proctor.dock import columns as col
-from proctor.dock import wire as dw
+from proctor.experience import columns as col
+from proctor.experience import wire as dw
 from proctor.server import protocol as wire
 from proctor.server.batches import ServedBatch
 from proctor.server.context import ServingContext
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import RequestError, UnavailableError
-from proctor.server.experience import ExperienceStore
+from proctor.server.experience import AsyncExperienceStore
 from proctor.server.grading.ledger import GradeLedger
 from proctor.server.sampling import SamplingService
 from proctor.server.sources.base import Record, SampleId
@@ -91,7 +91,7 @@ class Enqueued:
 
 class Rollouts:
     def __init__(
-        self, ctx: ServingContext, experience: ExperienceStore, sampling: SamplingService, ledger: GradeLedger
+        self, ctx: ServingContext, experience: AsyncExperienceStore, sampling: SamplingService, ledger: GradeLedger
     ) -> None:
         self.ctx = ctx
         self.experience = experience
@@ -140,7 +140,7 @@ class Rollouts:
             opening, self._opening = self._opening, {}
             try:
                 batches = [b for i in opening if (b := await self.sampling.served(i)) is not None]
-                await x.call(_open_all_sampled, x.dock, self.ctx.curriculum, [_Step.served(b) for b in batches])
+                await x.call(_open_all_sampled, x.store, self.ctx.curriculum, [_Step.served(b) for b in batches])
             except BaseException as exc:
                 for future in opening.values():
                     if not future.done():
@@ -169,16 +169,16 @@ class Rollouts:
                 code=ShapeConflictError.code,
             )
         x = self.experience
-        info = await x.call(x.dock.open, iteration, slots=slots, group_size=group_size)
+        info = await x.call(x.store.open, iteration, slots=slots, group_size=group_size)
         if served is not None and col.SAMPLE_ID not in info.written:
             # A step sampled before its table could be opened (by a server without the store, say).
-            info = await x.call(_open_sampled, x.dock, self.ctx.curriculum, _Step.served(served))
+            info = await x.call(_open_sampled, x.store, self.ctx.curriculum, _Step.served(served))
             await self.written.notify()
         return info
 
     async def put(self, iteration: int, body: dw.PutRequest) -> None:
         x = self.experience
-        await x.call(_put, x.dock, iteration, body)
+        await x.call(_put, x.store, iteration, body)
         await self.written.notify()
 
     async def enqueue(self, completions: Sequence[Completion], *, claim: bool, lease_s: float) -> Enqueued:
@@ -187,7 +187,7 @@ class Rollouts:
         x = self.experience
         stages = {c.step: self.ctx.progress.stage_of(c.step) for c in completions}
         names = {step: self.ctx.curriculum.stages[stage].name for step, stage in stages.items()}
-        enqueued = await x.call(_enqueue, x.dock, self._loose, completions, names, claim, lease_s)
+        enqueued = await x.call(_enqueue, x.store, self._loose, completions, names, claim, lease_s)
         # No wake-up: the rows are leased to the caller, or wait for remote grade-workers, which poll.
         return enqueued
 
@@ -200,14 +200,14 @@ class Rollouts:
         ``/grade`` grading its own rows); they are stored even when the store refuses the collection (the
         lease ended, or retention dropped the table), with the refusal in :attr:`Recorded.refused`."""
         x = self.experience
-        recorded = await x.call(_collect_and_record, x.dock, x.state, lease, columns, grades, self._stage_of)
+        recorded = await x.call(_collect_and_record, x.store, x.state, lease, columns, grades, self._stage_of)
         await self._counted(recorded)
         return recorded
 
     async def collect_wire(self, lease: str, body: dw.CollectRequest) -> Collected:
-        """:meth:`collect` for a ``/dock`` request: its columns are decoded on the store's thread too."""
+        """:meth:`collect` for a ``/experience`` request: its columns are decoded on the store's thread too."""
         x = self.experience
-        recorded = await x.call(_collect_wire, x.dock, x.state, lease, body, self._stage_of)
+        recorded = await x.call(_collect_wire, x.store, x.state, lease, body, self._stage_of)
         await self._counted(recorded)
         assert recorded.collected is not None
         return recorded.collected
@@ -239,7 +239,7 @@ class Rollouts:
         x = self.experience
 
         async def read() -> dict[str, list[Value]]:
-            return await x.call(x.dock.read, table, rows, (col.REWARD, col.REWARD_DETAIL))
+            return await x.call(x.store.read, table, rows, (col.REWARD, col.REWARD_DETAIL))
 
         s = self.ctx.settings
         start = time.monotonic()
@@ -248,7 +248,7 @@ class Rollouts:
         except RequestError as exc:
             if exc.code != CellsMissingError.code:
                 raise
-        if not await x.call(x.dock.claimed, col.GRADER.name, table, rows):
+        if not await x.call(x.store.claimed, col.GRADER.name, table, rows):
             raise UnavailableError(
                 f"no grader claimed the {len(rows)} completions of table {table} within "
                 f"{s.grader_claim_timeout_s:g}s (PROCTOR_GRADER_CLAIM_TIMEOUT_S): "
@@ -274,19 +274,19 @@ class Rollouts:
     async def renew(self, lease: str, lease_s: float) -> float:
         """Extend a lease of the grader role's (or any consumer's)."""
         x = self.experience
-        return await x.call(x.dock.renew, lease, lease_s)
+        return await x.call(x.store.renew, lease, lease_s)
 
     async def recover(self) -> None:
         """Store and count every grade the store holds that the state file lacks (a state file written by a
         server that stored them apart). Storing is idempotent, so the grades stored already count once still."""
         x = self.experience
-        for info in await x.call(x.dock.tables):
+        for info in await x.call(x.store.tables):
             if not info.written.get(col.REWARD):
                 continue
             rows = [(s, k) for s in range(info.slots) for k in range(info.width)]
             for start in range(0, len(rows), _RECOVER_ROWS):
                 part = Collected(col.GRADER.name, info.iteration, tuple(rows[start : start + _RECOVER_ROWS]))
-                await self._counted(await x.call(_record, x.dock, x.state, part, {}, self._stage_of))
+                await self._counted(await x.call(_record, x.store, x.state, part, {}, self._stage_of))
 
     async def when_written(self, table: int, wait_s: float, read: Callable[[], Awaitable[T]]) -> T:
         """``read()`` once it no longer fails for cells not yet written, or its failure after ``wait_s``."""
@@ -346,7 +346,7 @@ class Recorded:
 
 
 def _collect_and_record(
-    dock: TransferDock,
+    experience: ExperienceStore,
     state: Store,
     lease: str,
     columns: Mapping[str, Sequence[Value]],
@@ -354,9 +354,9 @@ def _collect_and_record(
     stage_of: Callable[[int], int],
 ) -> Recorded:
     """The collection and, for the grader role's, its grades: one transaction."""
-    with dock.batch():
+    with experience.batch():
         try:
-            collected = dock.collect(lease, columns)
+            collected = experience.collect(lease, columns)
         except (LeaseError, UnknownIterationError) as exc:
             if grades is None:
                 raise
@@ -364,18 +364,18 @@ def _collect_and_record(
         if collected.consumer != col.GRADER.name:
             return Recorded(collected, [])
         if grades is None:
-            return _record(dock, state, collected, columns, stage_of)
+            return _record(experience, state, collected, columns, stage_of)
         return Recorded(collected, _store_grades(state, grades))
 
 
 def _collect_wire(
-    dock: TransferDock, state: Store, lease: str, body: dw.CollectRequest, stage_of: Callable[[int], int]
+    experience: ExperienceStore, state: Store, lease: str, body: dw.CollectRequest, stage_of: Callable[[int], int]
 ) -> Recorded:
-    return _collect_and_record(dock, state, lease, dw.columns_from_wire(body.columns), None, stage_of)
+    return _collect_and_record(experience, state, lease, dw.columns_from_wire(body.columns), None, stage_of)
 
 
 def _record(
-    dock: TransferDock,
+    experience: ExperienceStore,
     state: Store,
     collected: Collected,
     columns: Mapping[str, Sequence[Value]],
@@ -387,8 +387,8 @@ def _record(
     loose = collected.iteration < 0
     where = (col.STEP, col.STEP_SLOT) if loose else ()
     names = (col.SAMPLE_ID, col.COMPLETION, *where, *(c for c in rewards if c not in columns))
-    with dock.batch():
-        read = dock.read(collected.iteration, collected.rows, names, missing="none")
+    with experience.batch():
+        read = experience.read(collected.iteration, collected.rows, names, missing="none")
         values = {**read, **{c: columns[c] for c in rewards if c in columns}}
         grades: list[GradeRow] = []
         for n, (slot, index) in enumerate(collected.rows):
@@ -417,14 +417,9 @@ def grade_key(step: int, sample_id: str, step_slot: int | None, index: int, comp
     return (step, sample_id, slot, index, sha)
 
 
-def _collect(dock: TransferDock, lease: str, body: dw.CollectRequest) -> tuple[Collected, dict[str, list[Value]]]:
-    columns = dw.columns_from_wire(body.columns)
-    return dock.collect(lease, columns), columns
-
-
-def _put(dock: TransferDock, iteration: int, body: dw.PutRequest) -> None:
+def _put(experience: ExperienceStore, iteration: int, body: dw.PutRequest) -> None:
     # Decoding the arrays is work that grows with the body: it runs on the store's thread too.
-    dock.put(iteration, body.rows, dw.columns_from_wire(body.columns))
+    experience.put(iteration, body.rows, dw.columns_from_wire(body.columns))
 
 
 def reference(record: Record) -> dict[str, Any]:
@@ -438,12 +433,12 @@ def _retrieved(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
-def _open_all_sampled(dock: TransferDock, curriculum: Curriculum, steps: Sequence[_Step]) -> None:
+def _open_all_sampled(experience: ExperienceStore, curriculum: Curriculum, steps: Sequence[_Step]) -> None:
     """Open the tables of sampled steps in one commit; a step older than every table kept is left without."""
-    with dock.batch():
+    with experience.batch():
         for step in steps:
             with contextlib.suppress(UnknownIterationError):
-                _open_sampled(dock, curriculum, step)
+                _open_sampled(experience, curriculum, step)
 
 
 class _SampledTables:
@@ -455,16 +450,16 @@ class _SampledTables:
         self._refused: set[int] = set()  # written on the store's thread, read on the loop after the commit
 
     def transaction(self) -> AbstractContextManager[None]:
-        return self._rollouts.experience.dock.batch()
+        return self._rollouts.experience.store.batch()
 
     def recorded(self, rows: Sequence[IterationRow]) -> None:
-        dock, curriculum = self._rollouts.experience.dock, self._rollouts.ctx.curriculum
+        experience, curriculum = self._rollouts.experience.store, self._rollouts.ctx.curriculum
         for row in rows:
             try:
-                _open_sampled(dock, curriculum, _Step.recorded(row, curriculum))
+                _open_sampled(experience, curriculum, _Step.recorded(row, curriculum))
             except UnknownIterationError:
                 pass  # older than every table kept
-            except DockError:
+            except ExperienceError:
                 # The store refused this table (a trainer opened it first with another shape, say): the step
                 # stays sampled, and its next /sample opens it again, answering the refusal.
                 self._refused.add(row.iteration)
@@ -496,7 +491,7 @@ class _Step:
         return cls(row.iteration, row.batch_size, ids, curriculum.stages[row.stage].name)
 
 
-def _open_sampled(dock: TransferDock, curriculum: Curriculum, served: _Step) -> TableInfo:
+def _open_sampled(experience: ExperienceStore, curriculum: Curriculum, served: _Step) -> TableInfo:
     """Open a sampled step's table with the prompt's columns of each slot (on the store's thread: it grows
     with the batch)."""
     prompts: list[str] = []
@@ -513,12 +508,12 @@ def _open_sampled(dock: TransferDock, curriculum: Curriculum, served: _Step) -> 
         record = src.record(sid.key)
         prompts.append(record.prompt)
         references.append(reference(record))
-    dock.open(served.iteration, slots=served.batch_size)
+    experience.open(served.iteration, slots=served.batch_size)
     slots = list(range(served.batch_size))
-    step = dock.limits.max_rows_per_call
+    step = experience.limits.max_rows_per_call
     for start in range(0, len(slots), step):
         part = slots[start : start + step]
-        dock.put_slots(
+        experience.put_slots(
             served.iteration,
             part,
             {
@@ -528,11 +523,11 @@ def _open_sampled(dock: TransferDock, curriculum: Curriculum, served: _Step) -> 
                 col.STAGE: [served.stage_name] * len(part),
             },
         )
-    return dock.table(served.iteration)
+    return experience.table(served.iteration)
 
 
 def _enqueue(
-    dock: TransferDock,
+    experience: ExperienceStore,
     loose_slots: dict[int, dict[tuple[int, str, int], list[int]]],
     completions: Sequence[Completion],
     stage_names: Mapping[int, str],
@@ -542,10 +537,10 @@ def _enqueue(
     """:meth:`Rollouts.enqueue` on the store's thread: every call of the store's runs there one at a time, so
     what this reads is still so when it writes. The request is checked first (a refused one writes nothing),
     then its writes and its lease are one commit."""
-    _check_indices(dock, completions)
+    _check_indices(experience, completions)
     try:
-        with dock.batch():
-            rows = _place(dock, loose_slots, completions, stage_names)
+        with experience.batch():
+            rows = _place(experience, loose_slots, completions, stage_names)
             leases: list[Dispatch] = []
             if claim:
                 by_table: dict[int, list[RowKey]] = {}
@@ -553,7 +548,7 @@ def _enqueue(
                     by_table.setdefault(table, []).append((slot, index))
                 for table, keys in by_table.items():
                     # The caller grades what it just wrote: nothing to read back.
-                    lease = dock.claim(col.GRADER.name, table, keys, lease_s=lease_s, read=False)
+                    lease = experience.claim(col.GRADER.name, table, keys, lease_s=lease_s, read=False)
                     if lease.lease is not None:
                         leases.append(lease)
             return Enqueued(rows, leases)
@@ -562,14 +557,14 @@ def _enqueue(
         raise
 
 
-def _check_indices(dock: TransferDock, completions: Sequence[Completion]) -> None:
+def _check_indices(experience: ExperienceStore, completions: Sequence[Completion]) -> None:
     """A completion for a slot of a step whose table has a group size must have an index below it."""
     steps = {c.step for c in completions if c.step_slot is not None}
-    groups = {step: dock.table(step).group_size for step in steps if dock.has(step)}
+    groups = {step: experience.table(step).group_size for step in steps if experience.has(step)}
     for c in completions:
         group = groups.get(c.step) if c.step_slot is not None else None
         if group is not None and c.completion_index >= group:
-            raise DockInputError(
+            raise ExperienceInputError(
                 f"items[{c.position}].completion_index",
                 f"{c.completion_index} is not below the group size {group} of iteration {c.step}'s table; send "
                 "each completion's index among its prompt's completions, from 0",
@@ -577,7 +572,7 @@ def _check_indices(dock: TransferDock, completions: Sequence[Completion]) -> Non
 
 
 def _place(
-    dock: TransferDock,
+    experience: ExperienceStore,
     loose_slots: dict[int, dict[tuple[int, str, int], list[int]]],
     completions: Sequence[Completion],
     stage_names: Mapping[int, str],
@@ -587,13 +582,13 @@ def _place(
     loose: list[int] = []
     by_step: dict[int, list[int]] = {}
     for n, c in enumerate(completions):
-        if c.step_slot is not None and dock.has(c.step):
+        if c.step_slot is not None and experience.has(c.step):
             by_step.setdefault(c.step, []).append(n)
         else:  # no slot in its step, or a step retention dropped
             loose.append(n)
     for step, ns in by_step.items():
         keys = [(completions[n].step_slot or 0, completions[n].completion_index) for n in ns]
-        held = dock.read(step, keys, (col.COMPLETION,), missing="none")[col.COMPLETION]
+        held = experience.read(step, keys, (col.COMPLETION,), missing="none")[col.COMPLETION]
         new: list[tuple[int, RowKey]] = []
         for n, key, text in zip(ns, keys, held, strict=True):
             c = completions[n]
@@ -604,18 +599,18 @@ def _place(
             if text is None:
                 new.append((n, key))
         if new:
-            _write_completions(dock, step, [key for _, key in new], [completions[n] for n, _ in new])
+            _write_completions(experience, step, [key for _, key in new], [completions[n] for n, _ in new])
     for n, where in zip(
-        loose, _place_loose(dock, loose_slots, [completions[n] for n in loose], stage_names), strict=True
+        loose, _place_loose(experience, loose_slots, [completions[n] for n in loose], stage_names), strict=True
     ):
         placed[n] = where
     return [p for p in placed if p is not None]
 
 
 def _write_completions(
-    dock: TransferDock, table: int, rows: Sequence[RowKey], completions: Sequence[Completion]
+    experience: ExperienceStore, table: int, rows: Sequence[RowKey], completions: Sequence[Completion]
 ) -> None:
-    dock.put(
+    experience.put(
         table,
         rows,
         {
@@ -626,7 +621,7 @@ def _write_completions(
 
 
 def _place_loose(
-    dock: TransferDock,
+    experience: ExperienceStore,
     loose_slots: dict[int, dict[tuple[int, str, int], list[int]]],
     completions: Sequence[Completion],
     stage_names: Mapping[int, str],
@@ -636,23 +631,23 @@ def _place_loose(
     already."""
     by_table: dict[int, list[int]] = {}
     for n, c in enumerate(completions):
-        by_table.setdefault(_loose_home(dock, c.step), []).append(n)
+        by_table.setdefault(_loose_home(experience, c.step), []).append(n)
     out: dict[int, tuple[int, int, int]] = {}
     # Newest first: opening a table may drop the oldest kept, which a later one then gives way for.
     for home, ns in sorted(by_table.items()):
-        table = _loose_home(dock, -home - 1)  # again: opening a newer one may have dropped it
+        table = _loose_home(experience, -home - 1)  # again: opening a newer one may have dropped it
         placed: dict[int, tuple[int, int]] = {}
-        exists = dock.has(table)
+        exists = experience.has(table)
         if not exists:
             loose_slots[table] = {}
-        slots = _loose_index(dock, loose_slots, table) if exists else loose_slots[table]
+        slots = _loose_index(experience, loose_slots, table) if exists else loose_slots[table]
         # A slot of the same prompt whose row of that index is free or holds the same completion, else a new one.
         asked = sorted(
             {(s, completions[n].completion_index) for n in ns for s in slots.get(_prompt_key(completions[n]), [])}
         )
         held: dict[tuple[int, int], Any] = {}
         if asked:
-            texts = dock.read(table, asked, (col.COMPLETION,), missing="none")[col.COMPLETION]
+            texts = experience.read(table, asked, (col.COMPLETION,), missing="none")[col.COMPLETION]
             held = dict(zip(asked, texts, strict=True))
         fresh: dict[tuple[int, str, int], list[int]] = {}  # new slots, numbered -1, -2, … until added
         write: list[int] = []
@@ -672,10 +667,10 @@ def _place_loose(
         new = [(key, s) for key, ss in fresh.items() for s in ss]
         if new:
             if exists:
-                first = dock.add_slots(table, len(new))
+                first = experience.add_slots(table, len(new))
             else:
                 first = 0
-                dock.open(table, slots=len(new))
+                experience.open(table, slots=len(new))
             number = {s: first + m for m, (_, s) in enumerate(new)}
             owner: dict[int, Completion] = {}
             for n in ns:
@@ -686,7 +681,7 @@ def _place_loose(
             for key, s in new:
                 slots.setdefault(key, []).append(number[s])
             cs = [owner[number[s]] for _, s in new]
-            dock.put_slots(
+            experience.put_slots(
                 table,
                 [number[s] for _, s in new],
                 {
@@ -699,7 +694,7 @@ def _place_loose(
                 },
             )
         if write:
-            _write_completions(dock, table, [placed[n] for n in write], [completions[n] for n in write])
+            _write_completions(experience, table, [placed[n] for n in write], [completions[n] for n in write])
         out.update((n, (table, *placed[n])) for n in ns)
     return [out[n] for n in range(len(completions))]
 
@@ -708,23 +703,23 @@ def _prompt_key(c: Completion) -> tuple[int, str, int]:
     return (c.step, c.sample_id, NO_SLOT if c.step_slot is None else c.step_slot)
 
 
-def _loose_home(dock: TransferDock, step: int) -> int:
+def _loose_home(experience: ExperienceStore, step: int) -> int:
     """The table of a step's loose completions; the newest one kept when retention would refuse the step's
     own as too old."""
     table = col.loose_table(step)
-    return table if dock.retains(table) else min(i for i in dock.kept() if i < 0)
+    return table if experience.retains(table) else min(i for i in experience.kept() if i < 0)
 
 
 def _loose_index(
-    dock: TransferDock, loose_slots: dict[int, dict[tuple[int, str, int], list[int]]], table: int
+    experience: ExperienceStore, loose_slots: dict[int, dict[tuple[int, str, int], list[int]]], table: int
 ) -> dict[tuple[int, str, int], list[int]]:
     """The slots of each prompt in a kept table of loose completions (read from the table once per run)."""
     known = loose_slots.get(table)
-    info = dock.table(table)
+    info = experience.table(table)
     if known is not None and sum(map(len, known.values())) == info.slots:
         return known
     rows = [(s, 0) for s in range(info.slots)]
-    values = dock.read(table, rows, (col.STEP, col.SAMPLE_ID, col.STEP_SLOT), missing="none")
+    values = experience.read(table, rows, (col.STEP, col.SAMPLE_ID, col.STEP_SLOT), missing="none")
     known = loose_slots[table] = {}
     for s, step, sample_id, step_slot in zip(
         range(info.slots), values[col.STEP], values[col.SAMPLE_ID], values[col.STEP_SLOT], strict=True

@@ -83,11 +83,12 @@ class Settings(BaseSettings):
         description="How long /grade waits for a grader (a `proctor grade-worker`, with PROCTOR_GRADER_WORKERS=0) "
         "to claim its completions before it answers 503.",
     )
-    dock_keep_iterations: int = Field(
+    experience_keep_iterations: int = Field(
         default=8,
         ge=1,
         le=1_000_000,
-        description="Generation steps the experience store (/dock) keeps, and as many tables of loose completions.",
+        description="Generation steps the experience store (/experience) keeps, and as many tables of loose "
+        "completions.",
     )
     sample_cache: int = Field(default=256, ge=0, description="Recent iterations kept in memory for repeats.")
     sample_cache_bytes: int = Field(

@@ -2,7 +2,7 @@
 new iterations in groups, keeps the WAL short, and stops the server from serving once a write has failed.
 
 Where calls run. Every write runs on the store's one thread, in order: the experience store's
-(:class:`~proctor.server.experience.ExperienceStore`) too, on the same connection, so that a call can make
+(:class:`~proctor.server.experience.AsyncExperienceStore`) too, on the same connection, so that a call can make
 both in one transaction (a grade, its record's statistics and the store's cells). A request's look-ups
 (indexed reads, tens of microseconds) run inline on the event loop, through a connection of their own that
 reads the last commit, so they never wait for a write; an in-memory state file has one connection only, and

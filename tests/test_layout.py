@@ -42,7 +42,7 @@ def test_the_server_never_imports_the_client() -> None:
 
 
 def test_the_experience_store_imports_neither_side_nor_a_web_framework() -> None:
-    # The server and the client both import proctor.dock (and proctor.batching): it must need neither of them.
-    modules = imported_after("import proctor.dock, proctor.dock.wire, proctor.batching.dynamic")
+    # The server and the client both import proctor.experience (and proctor.batching): it must need neither of them.
+    modules = imported_after("import proctor.experience, proctor.experience.wire, proctor.batching.dynamic")
     assert not {m for m in modules if m.startswith(("proctor.server", "proctor.client"))}
     assert not {"fastapi", "starlette", "torch"} & modules

@@ -16,8 +16,8 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
-from proctor.dock import Dispatch, DockError, LeaseError, UnknownIterationError, Value
-from proctor.dock import columns as col
+from proctor.experience import Dispatch, ExperienceError, LeaseError, UnknownIterationError, Value
+from proctor.experience import columns as col
 from proctor.server.exceptions import RequestError
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.rows import grade_rows
@@ -49,7 +49,7 @@ async def renewing(renew: Callable[[str, float], Awaitable[float]], lease: str, 
             await asyncio.sleep(lease_s / 3)
             try:
                 await renew(lease, lease_s)
-            except (RequestError, DockError) as exc:
+            except (RequestError, ExperienceError) as exc:
                 log.warning("stopped renewing lease %s…: %s", lease[:8], exc)
                 return
             except Exception as exc:  # unreachable server: the next renewal may get through
@@ -121,12 +121,12 @@ class GraderRole:
         while not self._stopping:
             try:
                 since = self.rollouts.written.version
-                batch = await x.call(x.dock.dispatch, col.GRADER.name, ROWS_PER_DISPATCH, lease_s=self.lease_s)
+                batch = await x.call(x.store.dispatch, col.GRADER.name, ROWS_PER_DISPATCH, lease_s=self.lease_s)
                 if batch.lease is None:
                     await self.rollouts.written.wait(since, _IDLE_S)
                     continue
                 await grade_lease(self.rollouts, self.fanout, batch, self.lease_s)
-            except (RequestError, DockError) as exc:
+            except (RequestError, ExperienceError) as exc:
                 # A lease that expired under a very slow batch, or a store that failed: the rows go back to
                 # the pool (or the server is stopping); try again shortly rather than end the role.
                 log.warning("the grader role could not finish a dispatch: %s", exc)

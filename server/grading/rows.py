@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proctor.dock import Value
-from proctor.dock import columns as col
+from proctor.experience import Value
+from proctor.experience import columns as col
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.compose import compose
 from proctor.server.grading.fanout import GraderFanout

@@ -16,8 +16,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from proctor.dock import Dispatch, Value
-from proctor.dock import columns as col
+from proctor.experience import Dispatch, Value
+from proctor.experience import columns as col
 from proctor.server import protocol as wire
 from proctor.server.context import ServingContext
 from proctor.server.exceptions import InvalidRequestError

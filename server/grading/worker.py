@@ -1,8 +1,8 @@
 """A grader role anywhere: a pool of grader processes that takes rows from a dataserver's experience store and
 writes their rewards back (``proctor grade-worker``).
 
-It works through any face of the store (:class:`proctor.dock.loop.Dock`); the dataserver counts each grade
-it collects once in the curriculum's statistics. A worker that dies holds its rows only until its lease ends;
+It works through any face of the store (:class:`proctor.experience.loop.ExperienceLike`); the dataserver counts
+each grade it collects once in the curriculum's statistics. A worker that dies holds its rows only until its lease ends;
 a result for a lease that ended is refused by the store and dropped here. While the server is unreachable
 (a restart), the worker waits and tries again.
 """
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from proctor.dock import LeaseError
-from proctor.dock import columns as col
-from proctor.dock.loop import Dock
+from proctor.experience import LeaseError
+from proctor.experience import columns as col
+from proctor.experience.loop import ExperienceLike
 from proctor.server import protocol as wire
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.pool import GraderPool
@@ -77,7 +77,7 @@ class GradeWorker:
 
     def __init__(
         self,
-        dock: Dock,
+        experience: ExperienceLike,
         graders: Mapping[str, SourceGraders],
         pool: GraderPool,
         http: httpx.AsyncClient,
@@ -87,7 +87,7 @@ class GradeWorker:
         lease_s: float = LEASE_S,
         transient: tuple[type[BaseException], ...] = (),
     ) -> None:
-        self.dock = dock
+        self.experience = experience
         self.graders = graders
         self.fanout = GraderFanout(pool, http, Metrics(), timeout_s)
         self.rows_per_dispatch = rows_per_dispatch
@@ -104,7 +104,7 @@ class GradeWorker:
                 break
             try:
                 batch = await asyncio.to_thread(
-                    self.dock.dispatch, col.GRADER.name, self.rows_per_dispatch, lease_s=self.lease_s
+                    self.experience.dispatch, col.GRADER.name, self.rows_per_dispatch, lease_s=self.lease_s
                 )
             except self.transient as exc:
                 self.stats.unreachable += 1
@@ -125,7 +125,7 @@ class GradeWorker:
     async def _collect(self, lease: str, columns: Mapping[str, list[object]], rows: int, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                await asyncio.to_thread(self.dock.collect, lease, columns)
+                await asyncio.to_thread(self.experience.collect, lease, columns)
             except LeaseError as exc:
                 # Its rows went back to the pool and are graded by whoever holds them now.
                 self.stats.refused += 1
@@ -141,7 +141,7 @@ class GradeWorker:
             return
 
     async def _renew(self, lease: str, lease_s: float) -> float:
-        return await asyncio.to_thread(self.dock.renew, lease, lease_s)
+        return await asyncio.to_thread(self.experience.renew, lease, lease_s)
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

@@ -26,7 +26,7 @@ async def create_sample(body: SampleRequestBody, server: DataserverDep, request:
 
     The first request for an iteration fixes its batch; every later request for it (a retry, another rank,
     after a restart) gets the same samples. The step's table in the experience store (``GET
-    /dock/tables/{iteration}``) is opened with each slot's prompt.
+    /experience/tables/{iteration}``) is opened with each slot's prompt.
     """
     request.state.iteration = body.iteration
     # Already JSON (see SamplingService.sample); `response_model` documents its shape.

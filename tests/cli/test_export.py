@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from proctor.cli.main import main
-from proctor.client import DockClient
+from proctor.client import ExperienceClient
 
 SLOTS, GROUP = 2, 2
 ROWS = [(s, k) for s in range(SLOTS) for k in range(GROUP)]
@@ -23,12 +23,12 @@ ROWS = [(s, k) for s in range(SLOTS) for k in range(GROUP)]
 
 def train_steps(url: str, steps: Sequence[int]) -> None:
     """What a trainer leaves in the store: sampled steps with completions, token ids and rewards."""
-    with DockClient(url) as dock:
+    with ExperienceClient(url) as experience:
         for step in steps:
             httpx.post(url + "/sample", json={"iteration": step, "batch_size": SLOTS}).raise_for_status()
-            dock.open(step, slots=SLOTS, group_size=GROUP)
-            answers = [r["answer"] for r in dock.read(step, ROWS, ["reference"])["reference"]]
-            dock.put(
+            experience.open(step, slots=SLOTS, group_size=GROUP)
+            answers = [r["answer"] for r in experience.read(step, ROWS, ["reference"])["reference"]]
+            experience.put(
                 step,
                 ROWS,
                 {
@@ -38,7 +38,7 @@ def train_steps(url: str, steps: Sequence[int]) -> None:
                 },
             )
         deadline = time.monotonic() + 60  # a liveness bound
-        while not all(dock.all_consumed("grader", step) for step in steps):
+        while not all(experience.all_consumed("grader", step) for step in steps):
             assert time.monotonic() < deadline, "the grader role did not grade the rows"
             time.sleep(0.02)
 
@@ -102,10 +102,10 @@ def test_an_empty_export_is_a_parquet_file_with_the_schema(
 def test_export_leaves_cells_not_yet_written_empty(live_server: Callable[..., Any], tmp_path: Path) -> None:
     out = tmp_path / "partial.jsonl"
     with live_server(grader_workers=0) as url:  # nobody grades: no reward column yet
-        with DockClient(url) as dock:
+        with ExperienceClient(url) as experience:
             httpx.post(url + "/sample", json={"iteration": 0, "batch_size": SLOTS}).raise_for_status()
-            dock.open(0, slots=SLOTS, group_size=GROUP)
-            dock.put(0, ROWS[:1], {"completion": ["half done"], "completion_tokens": [None]})
+            experience.open(0, slots=SLOTS, group_size=GROUP)
+            experience.put(0, ROWS[:1], {"completion": ["half done"], "completion_tokens": [None]})
         assert main(["export", str(out), "--server", url]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["completion"] for r in rows] == ["half done", None, None, None]
@@ -133,4 +133,6 @@ def test_export_without_a_server_is_one_line(tmp_path: Path, capsys: pytest.Capt
         url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: refused
         assert main(["export", str(tmp_path / "x.jsonl"), "--server", url]) == 2
     [line] = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"proctor export: the dataserver at {url} did not answer as asked: GET {url}/dock failed")
+    assert line.startswith(
+        f"proctor export: the dataserver at {url} did not answer as asked: GET {url}/experience failed"
+    )

@@ -252,7 +252,7 @@ def test_with_the_dataset_the_next_prompts_are_fetched_while_grading(client: Pro
 
 
 def test_a_step_generated_again_after_a_resume_is_graded_beside_the_first_attempt(client: ProctorClient) -> None:
-    from proctor.client import DockClient
+    from proctor.client import ExperienceClient
 
     ds = dataset(client)
     rows = ds.__getitems__([0, 0, 1, 1])
@@ -264,19 +264,19 @@ def test_a_step_generated_again_after_a_resume_is_graded_beside_the_first_attemp
     second = remote_reward(client, dataset=ds)(prompts=["p"] * 4, completions=answers, **keys)
     ds.close()
     assert (first, second) == ([0.0] * 4, [1.0] * 4)
-    with DockClient(client=client) as dock:
+    with ExperienceClient(client=client) as experience:
         step_rows = [(int(s), int(k)) for s, k in zip(keys["slot"], keys["completion_index"], strict=True)]
-        assert dock.read(0, step_rows, ["completion"])["completion"] == ["no"] * 4
-        loose = dock.table(-1)
+        assert experience.read(0, step_rows, ["completion"])["completion"] == ["no"] * 4
+        loose = experience.table(-1)
         assert loose.written["completion"] == 4
         loose_rows = [(s, k) for s in range(loose.slots) for k in range(2)]
-        assert sorted(dock.read(-1, loose_rows, ["step_slot"])["step_slot"]) == [0, 0, 1, 1]
+        assert sorted(experience.read(-1, loose_rows, ["step_slot"])["step_slot"]) == [0, 0, 1, 1]
 
 
 def test_a_step_whose_table_the_store_no_longer_keeps_is_graded_through_grade(
     live_server: Callable[..., AbstractContextManager[str]],
 ) -> None:
-    with live_server(dock_keep_iterations=1) as url, ProctorClient(url) as client:
+    with live_server(experience_keep_iterations=1) as url, ProctorClient(url) as client:
         ds = dataset(client)
         rows = ds.__getitems__([0, 0, 1, 1])
         client.sample(1, 2)  # the store keeps one step: step 1's table drops step 0's

@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from proctor.cli.launcher import ServerProcess
-from proctor.client import DockClient
-from proctor.dock import LeaseError
-from proctor.dock.columns import GRADER
+from proctor.client import ExperienceClient
+from proctor.experience import LeaseError
+from proctor.experience.columns import GRADER
 
 pytestmark = pytest.mark.e2e
 
@@ -133,15 +133,15 @@ def post_step(url: str, step: int, gate: Path) -> list[str]:
     """Sample ``step``, open its table and write its completions, as a trainer does."""
     httpx.post(url + "/sample", json={"iteration": step, "batch_size": SLOTS}).raise_for_status()
     texts = completions(step, gate)
-    with DockClient(url) as dock:
-        dock.open(step, slots=SLOTS, group_size=GROUP)
+    with ExperienceClient(url) as experience:
+        experience.open(step, slots=SLOTS, group_size=GROUP)
         rows = [(s, k) for s in range(SLOTS) for k in range(GROUP)]
-        dock.put(step, rows, {"completion": texts, "completion_tokens": [None] * len(rows)})
+        experience.put(step, rows, {"completion": texts, "completion_tokens": [None] * len(rows)})
     return texts
 
 
 def grading(url: str, step: int) -> dict[str, Any]:
-    return httpx.get(f"{url}/dock/consumers/{GRADER.name}/tables/{step}").json()  # type: ignore[no-any-return]
+    return httpx.get(f"{url}/experience/consumers/{GRADER.name}/tables/{step}").json()  # type: ignore[no-any-return]
 
 
 def counted(url: str) -> int:
@@ -151,9 +151,9 @@ def counted(url: str) -> int:
 
 
 def rewards(url: str, step: int) -> list[float]:
-    with DockClient(url) as dock:
+    with ExperienceClient(url) as experience:
         rows = [(s, k) for s in range(SLOTS) for k in range(GROUP)]
-        return [float(r) for r in dock.read(step, rows, ["reward"])["reward"]]
+        return [float(r) for r in experience.read(step, rows, ["reward"])["reward"]]
 
 
 def test_a_worker_killed_mid_batch_loses_nothing_and_counts_nothing_twice(
@@ -257,12 +257,12 @@ def test_a_result_for_rows_no_longer_held_is_refused_with_a_clear_message(
         late.stop()
         other.stop()
         post_step(url, 1, gate)
-        with DockClient(url) as dock:
-            stale = dock.dispatch(GRADER.name, SLOTS * GROUP, iteration=1, lease_s=0.2)
+        with ExperienceClient(url) as experience:
+            stale = experience.dispatch(GRADER.name, SLOTS * GROUP, iteration=1, lease_s=0.2)
         assert stale.lease is not None
         eventually(lambda: grading(url, 1)["held"] == 0, "the short lease ends")
         answer = httpx.post(
-            f"{url}/dock/leases/{stale.lease}/collect",
+            f"{url}/experience/leases/{stale.lease}/collect",
             json={"columns": {"reward": {"values": [0.0] * 4}, "reward_detail": {"values": [{}] * 4}}},
         )
         assert answer.status_code == 409

@@ -90,8 +90,8 @@ class Recorder(RemoteReward):
         self.calls.append({k: list(kwargs[k]) for k in ("sample_id", "slot", "completion_index", "iteration")})
         if self.through == "store":
             step = int(kwargs["iteration"][0])
-            opened = {t.iteration for t in self.dock.tables()}
-            self.stored_before.append(self.dock.table(step).written.get("completion", 0) if step in opened else 0)
+            opened = {t.iteration for t in self.experience.tables()}
+            self.stored_before.append(self.experience.table(step).written.get("completion", 0) if step in opened else 0)
         return super().__call__(*args, **kwargs)
 
 
@@ -146,7 +146,7 @@ def test_grpo_against_the_dataserver(
         state = httpx.get(url + "/curriculum").json()
         samples = {i: httpx.post(url + "/sample", json={"iteration": i, "batch_size": 2}).json() for i in range(STEPS)}
         sample_requests, grade_requests = server_metric(url, "/sample"), server_metric(url, "/grade")
-        tables = {t["iteration"]: t for t in httpx.get(url + "/dock").json()["tables"]}
+        tables = {t["iteration"]: t for t in httpx.get(url + "/experience").json()["tables"]}
 
     # One /sample per generation step, with iteration = that step. Steps past the last trained one were
     # fetched ahead: one by the loader's look-ahead, one more by the dataset's prefetch.
@@ -300,7 +300,7 @@ def test_a_run_resumed_in_the_middle_of_a_generation_trains_on_through_the_store
             dataset.close()
             client.close()
         graded = sum(s["graded"] + s["errors"] for s in httpx.get(url + "/curriculum").json()["stages"])
-        loose = [t for t in httpx.get(url + "/dock").json()["tables"] if t["iteration"] < 0]
+        loose = [t for t in httpx.get(url + "/experience").json()["tables"] if t["iteration"] < 0]
     # Both runs' completions are graded and kept: the second run's new ones of a step as loose completions.
     assert graded > 8 * 2
     assert loose or trainer_cls is ProctorGRPOTrainer

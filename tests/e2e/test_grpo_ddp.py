@@ -66,6 +66,6 @@ def test_two_processes_resumed_in_the_middle_of_a_generation_train_on_through_th
             ]  # fmt: skip
             run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
             assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        tables = httpx.get(url + "/dock").json()["tables"]
+        tables = httpx.get(url + "/experience").json()["tables"]
     # The resumed run's new completions of the interrupted step are kept beside the first run's.
     assert any(t["iteration"] < 0 and t["written"].get("reward") for t in tables), tables

@@ -270,6 +270,29 @@ def test_every_field_at_its_extremes(http: httpx.Client, field: Field, value: An
     assert detail(response).startswith(field.name), detail(response)
 
 
+# The experience store's numbers are JSON numbers too: ``true``, ``"2"`` and ``2.5`` are not read as 1, 2, 2.
+STORE_NUMBERS = [
+    ("PUT", "/experience/tables/9000", {"slots": 2}, "slots"),
+    ("PUT", "/experience/tables/9001", {"slots": 2, "group_size": 2}, "group_size"),
+    ("PUT", "/experience/consumers/scorer", {"needs": ["completion"], "dispatch_size": 2}, "dispatch_size"),
+    ("POST", "/experience/consumers/grader/dispatch", {"count": 2}, "count"),
+    ("POST", "/experience/consumers/grader/dispatch", {"count": 2, "lease_s": 2}, "lease_s"),
+]
+
+
+@pytest.mark.parametrize("value", [True, "2", 2.5], ids=["bool", "string", "float"])
+@pytest.mark.parametrize(("method", "path", "base", "name"), STORE_NUMBERS, ids=[n for *_, n in STORE_NUMBERS])
+def test_the_stores_numbers_are_json_numbers(
+    http: httpx.Client, method: str, path: str, base: dict[str, Any], name: str, value: Any
+) -> None:
+    if name == "lease_s" and value == 2.5:
+        return  # a float is a lease's length
+    response = http.request(method, path, json={**base, name: value})
+    assert response.status_code == 422, response.text
+    kind = "a valid number" if name == "lease_s" else "a JSON integer"
+    assert detail(response) == f"{name}: Input should be {kind}; got {json.dumps(value)}"
+
+
 # --- malformed bodies, wrong content types, oversized bodies --------------------------------------------
 
 MALFORMED = [

@@ -66,7 +66,7 @@ def test_generated_requests_get_only_documented_answers(
     # requests are refused, a sampling heuristic; that is expected only where acceptance depends on what the
     # server holds, which no schema can say: a lease must be live (collect), a consumer registered (dispatch),
     # and an iteration keeps the batch_size it was first sampled with (/sample).
-    stateful = {"POST /dock/leases/{lease}/collect", "POST /dock/consumers/{name}/dispatch", "POST /sample"}
+    stateful = {"POST /experience/leases/{lease}/collect", "POST /experience/consumers/{name}/dispatch", "POST /sample"}
     warned = set(re.findall(r"^\s+- (POST \S+|GET \S+|PUT \S+)$", out, flags=re.MULTILINE))
     assert "No issues found" in out or ("1 warning in" in out and "mostly rejected generated data" in out), out[-3000:]
     assert warned <= stateful, out[-3000:]

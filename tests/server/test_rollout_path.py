@@ -14,7 +14,7 @@ import datasets
 import httpx
 
 from proctor.cli.main import main
-from proctor.client import DockClient
+from proctor.client import ExperienceClient
 
 BATCH = 4
 
@@ -26,8 +26,8 @@ def sample(url: str, step: int, batch_size: int = BATCH) -> list[dict[str, Any]]
 
 
 def answer_of(url: str, step: int, slot: int) -> str:
-    with DockClient(url) as dock:
-        return str(dock.read(step, [(slot, 0)], ["reference"])["reference"][0]["answer"])
+    with ExperienceClient(url) as experience:
+        return str(experience.read(step, [(slot, 0)], ["reference"])["reference"][0]["answer"])
 
 
 def grade(url: str, items: list[dict[str, Any]], iteration: int | None = None) -> httpx.Response:
@@ -38,9 +38,9 @@ def grade(url: str, items: list[dict[str, Any]], iteration: int | None = None) -
 
 
 def test_sample_opens_its_steps_table_with_each_slots_prompt(live_server: Callable[..., Any]) -> None:
-    with live_server() as url, DockClient(url) as dock:
+    with live_server() as url, ExperienceClient(url) as experience:
         samples = sample(url, 0)
-        [table] = httpx.get(url + "/dock").json()["tables"]
+        [table] = httpx.get(url + "/experience").json()["tables"]
         assert table == {
             "iteration": 0,
             "slots": BATCH,
@@ -50,13 +50,13 @@ def test_sample_opens_its_steps_table_with_each_slots_prompt(live_server: Callab
             "written": {},
         }
         rows = [(s, 0) for s in range(BATCH)]
-        values = dock.read(0, rows, ["sample_id", "prompt", "stage"])
+        values = experience.read(0, rows, ["sample_id", "prompt", "stage"])
         assert values["sample_id"] == [s["sample_id"] for s in samples]
         assert values["prompt"] == [s["prompt"] for s in samples]
         assert values["stage"] == ["warm"] * BATCH
         # A rank's share opens the same table; a trainer opening it later sets its group size.
         httpx.post(url + "/sample", json={"iteration": 0, "batch_size": BATCH, "rank": 1, "world_size": 2})
-        info = dock.open(0, slots=BATCH, group_size=2)
+        info = experience.open(0, slots=BATCH, group_size=2)
         assert (info.group_size, info.rows, info.written["sample_id"]) == (2, 2 * BATCH, 2 * BATCH)
 
 
@@ -78,7 +78,7 @@ def test_a_plain_sample_then_grade_lands_in_the_store_and_exports(
         assert [(r["table"], r["slot"], r["completion_index"], r["reward"]) for r in results] == [
             (0, slot, k, 1.0 if k == 0 else 0.0) for slot in range(BATCH) for k in range(2)
         ]
-        table = httpx.get(url + "/dock/tables/0").json()
+        table = httpx.get(url + "/experience/tables/0").json()
         assert (table["width"], table["written"]["completion"], table["written"]["reward"]) == (2, 8, 8)
         assert main(["export", str(out), "--server", url]) == 0
     rows = datasets.load_dataset("parquet", data_files=str(out), split="train")
@@ -101,7 +101,7 @@ def test_a_completion_outside_every_served_batch_goes_to_its_steps_loose_table(
         # Posted again: the stored grades, nothing new in the store.
         again = grade(url, items, iteration=5).json()["results"]
         assert [(r["cached"], r["table"]) for r in again] == [(True, None), (True, None)]
-        table = httpx.get(url + "/dock/tables/-6").json()
+        table = httpx.get(url + "/experience/tables/-6").json()
         assert (table["slots"], table["written"]["completion"], table["written"]["reward"]) == (1, 2, 2)
         assert main(["export", str(out), "--server", url, "--iterations", "5:6"]) == 0
     rows = datasets.load_dataset("json", data_files=str(out), split="train")
@@ -112,14 +112,14 @@ def test_a_completion_outside_every_served_batch_goes_to_its_steps_loose_table(
 
 
 def test_another_completion_for_a_graded_row_is_kept_beside_it_as_a_loose_one(live_server: Callable[..., Any]) -> None:
-    with live_server() as url, DockClient(url) as dock:
+    with live_server() as url, ExperienceClient(url) as experience:
         [s, *_] = sample(url, 0, batch_size=1)
         first = grade(url, [{"sample_id": s["sample_id"], "slot": 0, "completion": "1"}], iteration=0)
         # The step generated again (a resumed run): another completion for the same slot and index.
         second = grade(url, [{"sample_id": s["sample_id"], "slot": 0, "completion": "2"}], iteration=0)
         assert [r["table"] for r in first.json()["results"] + second.json()["results"]] == [0, -1]
-        assert dock.read(0, [(0, 0)], ["completion"])["completion"] == ["1"]
-        assert dock.read(-1, [(0, 0)], ["completion", "step", "step_slot"]) == {
+        assert experience.read(0, [(0, 0)], ["completion"])["completion"] == ["1"]
+        assert experience.read(-1, [(0, 0)], ["completion", "step", "step_slot"]) == {
             "completion": ["2"],
             "step": [0],
             "step_slot": [0],
@@ -131,9 +131,9 @@ def test_another_completion_for_a_graded_row_is_kept_beside_it_as_a_loose_one(li
 def test_a_completion_index_beyond_the_group_size_is_refused_and_nothing_is_written(
     live_server: Callable[..., Any],
 ) -> None:
-    with live_server() as url, DockClient(url) as dock:
+    with live_server() as url, ExperienceClient(url) as experience:
         samples = sample(url, 0, batch_size=2)
-        dock.open(0, slots=2, group_size=2)
+        experience.open(0, slots=2, group_size=2)
         items = [
             {"sample_id": samples[0]["sample_id"], "slot": 0, "completion_index": 0, "completion": "1"},
             {"sample_id": samples[1]["sample_id"], "slot": 1, "completion_index": 2, "completion": "1"},
@@ -144,7 +144,7 @@ def test_a_completion_index_beyond_the_group_size_is_refused_and_nothing_is_writ
             "items[1].completion_index: 2 is not below the group size 2 of iteration 0's table; send each "
             "completion's index among its prompt's completions, from 0"
         )
-        assert "completion" not in dock.table(0).written
+        assert "completion" not in experience.table(0).written
 
 
 def test_a_completion_graded_with_an_error_is_graded_again_in_a_row_of_its_own(
@@ -156,7 +156,7 @@ def test_a_completion_graded_with_an_error_is_graded_again_in_a_row_of_its_own(
         item: dict[str, Any] = {"sample_id": f"faulty:{version}:0", "completion": "3"}
         first, again = (grade(url, [item]).json()["results"][0] for _ in range(2))
         assert first["error"] and again["error"] and not again["cached"]
-        table = httpx.get(url + f"/dock/tables/{first['table']}").json()
+        table = httpx.get(url + f"/experience/tables/{first['table']}").json()
         assert table["written"]["reward"] == 2
 
 
@@ -172,7 +172,7 @@ def test_a_grade_and_its_reward_are_written_in_one_transaction(live_server: Call
         assert answer.status_code == 503, answer.text
         assert "stopped accepting writes" in answer.json()["detail"]
         # The completions were written before grading; their rewards went with the refused grades.
-        written = httpx.get(url + "/dock/tables/0").json()["written"]
+        written = httpx.get(url + "/experience/tables/0").json()["written"]
         assert (written["completion"], "reward" in written) == (BATCH, False)
     with sqlite3.connect(state) as db:
         assert db.execute("SELECT COUNT(*) FROM grades").fetchone() == (0,)

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proctor.client import DockClient
-from proctor.dock import ShapeConflictError
-from proctor.dock.columns import GRADER
+from proctor.client import ExperienceClient
+from proctor.experience import ShapeConflictError
+from proctor.experience.columns import GRADER
 
 SLOTS, GROUP = 3, 2
 ROWS = [(s, k) for s in range(SLOTS) for k in range(GROUP)]
@@ -31,54 +31,54 @@ def graded(url: str) -> int:
 
 def wait_consumed(url: str, step: int) -> None:
     deadline = time.monotonic() + 60  # a liveness bound, not a measurement
-    while not httpx.get(f"{url}/dock/consumers/grader/tables/{step}").json()["all_consumed"]:
+    while not httpx.get(f"{url}/experience/consumers/grader/tables/{step}").json()["all_consumed"]:
         assert time.monotonic() < deadline, "the grader role did not grade the rows"
         time.sleep(0.02)
 
 
 def test_opening_a_sampled_step_fills_each_row_with_its_prompt(live_server: Callable[..., Any]) -> None:
-    with live_server() as url, DockClient(url) as dock:
+    with live_server() as url, ExperienceClient(url) as experience:
         samples = sample(url, 0)
-        info = dock.open(0, slots=SLOTS, group_size=GROUP)
+        info = experience.open(0, slots=SLOTS, group_size=GROUP)
         assert {k: info.written[k] for k in ("sample_id", "prompt", "reference", "stage")} == dict.fromkeys(
             ("sample_id", "prompt", "reference", "stage"), SLOTS * GROUP
         )
-        values = dock.read(0, ROWS, ["sample_id", "prompt", "reference", "stage"])
+        values = experience.read(0, ROWS, ["sample_id", "prompt", "reference", "stage"])
         assert values["sample_id"] == [samples[s]["sample_id"] for s, _ in ROWS]
         assert values["prompt"] == [samples[s]["prompt"] for s, _ in ROWS]
         assert values["stage"] == ["warm"] * len(ROWS)
         assert all(set(r) == {"answer", "metadata"} and r["answer"] for r in values["reference"])
         # Every rank opens the table: opening again fills nothing twice and changes nothing.
-        assert dock.open(0, slots=SLOTS, group_size=GROUP) == info
+        assert experience.open(0, slots=SLOTS, group_size=GROUP) == info
 
 
 def test_a_sampled_step_opened_with_another_batch_size_is_a_conflict(live_server: Callable[..., Any]) -> None:
     with live_server() as url:
         sample(url, 0)
-        answer = httpx.put(url + "/dock/tables/0", json={"slots": SLOTS + 1, "group_size": GROUP})
+        answer = httpx.put(url + "/experience/tables/0", json={"slots": SLOTS + 1, "group_size": GROUP})
         assert answer.status_code == 409
         assert answer.json()["detail"] == (
             f"iteration 0 was sampled with batch_size {SLOTS}; open its table with slots={SLOTS} (one slot per "
             "prompt of the step, across all ranks)"
         )
-        with DockClient(url) as dock:
+        with ExperienceClient(url) as experience:
             with pytest.raises(ShapeConflictError, match=f"^iteration 0 was sampled with batch_size {SLOTS};"):
-                dock.open(0, slots=1, group_size=GROUP)  # the store's own error class, on the client too
+                experience.open(0, slots=1, group_size=GROUP)  # the store's own error class, on the client too
             # /sample opened the table, without a group size; the refused openings changed nothing.
-            info = dock.table(0)
+            info = experience.table(0)
             assert (info.slots, info.group_size, info.rows) == (SLOTS, None, 0)
 
 
 def test_the_grader_role_grades_what_a_trainer_writes_and_counts_it_once(live_server: Callable[..., Any]) -> None:
-    with live_server() as url, DockClient(url) as dock:
+    with live_server() as url, ExperienceClient(url) as experience:
         samples = sample(url, 0)
-        dock.open(0, slots=SLOTS, group_size=GROUP)
-        answers = dock.read(0, ROWS, ["reference"])["reference"]
+        experience.open(0, slots=SLOTS, group_size=GROUP)
+        answers = experience.read(0, ROWS, ["reference"])["reference"]
         # Right answers in index 0 of each group, wrong ones in index 1.
         texts = [str(r["answer"]) if k == 0 else "no idea" for (_, k), r in zip(ROWS, answers, strict=True)]
-        dock.put(0, ROWS, {"completion": texts, "completion_tokens": [3] * len(ROWS)})
+        experience.put(0, ROWS, {"completion": texts, "completion_tokens": [3] * len(ROWS)})
         wait_consumed(url, 0)
-        got = dock.read(0, ROWS, ["reward", "reward_detail"])
+        got = experience.read(0, ROWS, ["reward", "reward_detail"])
         assert got["reward"] == [1.0 if k == 0 else 0.0 for _, k in ROWS]
         assert got["reward_detail"][0] == {"components": {"numeric": 1.0}, "error": None}
         assert graded(url) == len(ROWS)
@@ -94,19 +94,19 @@ def test_the_grader_role_grades_what_a_trainer_writes_and_counts_it_once(live_se
 
 
 def test_grade_for_an_open_table_goes_through_the_store(live_server: Callable[..., Any]) -> None:
-    with live_server() as url, DockClient(url) as dock:
+    with live_server() as url, ExperienceClient(url) as experience:
         samples = sample(url, 0)
-        dock.open(0, slots=SLOTS, group_size=GROUP)
+        experience.open(0, slots=SLOTS, group_size=GROUP)
         items = [
             {"sample_id": samples[s]["sample_id"], "slot": s, "completion_index": k, "completion": f"answer {s}{k}"}
             for s, k in ROWS
         ]
         results = httpx.post(url + "/grade", json={"iteration": 0, "items": items}).json()["results"]
         assert [(r["slot"], r["completion_index"], r["cached"]) for r in results] == [(s, k, False) for s, k in ROWS]
-        stored = dock.read(0, ROWS, ["completion", "reward"])
+        stored = experience.read(0, ROWS, ["completion", "reward"])
         assert stored["completion"] == [it["completion"] for it in items]
         assert stored["reward"] == [r["reward"] for r in results]
-        assert dock.consumption(GRADER.name, 0).all_consumed
+        assert experience.consumption(GRADER.name, 0).all_consumed
         assert graded(url) == len(ROWS)
 
 
@@ -131,7 +131,7 @@ def test_graders_describes_each_source_for_a_remote_worker(live_server: Callable
 def test_without_a_grader_a_plain_grade_answers_503_naming_the_command_and_keeps_the_completion(
     live_server: Callable[..., Any],
 ) -> None:
-    with live_server(grader_workers=0, grader_claim_timeout_s=0.3) as url, DockClient(url) as dock:
+    with live_server(grader_workers=0, grader_claim_timeout_s=0.3) as url, ExperienceClient(url) as experience:
         samples = sample(url, 0)
         item = {"sample_id": samples[0]["sample_id"], "completion": "4"}
         answer = httpx.post(url + "/grade", json={"items": [item]})
@@ -143,31 +143,31 @@ def test_without_a_grader_a_plain_grade_answers_503_naming_the_command_and_keeps
         )
         # Without an iteration the item takes the slot its record fills in the step that served it, queued for
         # a grader.
-        assert dock.read(0, [(0, 0)], ["completion", "sample_id"]) == {
+        assert experience.read(0, [(0, 0)], ["completion", "sample_id"]) == {
             "completion": ["4"],
             "sample_id": [samples[0]["sample_id"]],
         }
-        assert dock.consumption(GRADER.name, 0).ready == 1
+        assert experience.consumption(GRADER.name, 0).ready == 1
         assert httpx.get(url + "/healthz").status_code == 200
 
 
 def test_a_read_with_wait_s_answers_once_the_cells_are_written(live_server: Callable[..., Any]) -> None:
     import threading
 
-    with live_server() as url, DockClient(url) as dock:
+    with live_server() as url, ExperienceClient(url) as experience:
         samples = sample(url, 0)
-        dock.open(0, slots=SLOTS, group_size=GROUP)
+        experience.open(0, slots=SLOTS, group_size=GROUP)
         body = {"rows": [[0, 0]], "columns": ["reward"], "wait_s": 30}
         # Nothing writes it: after wait_s, the 409 of a read that does not wait.
-        late = httpx.post(url + "/dock/tables/0/read", json={**body, "wait_s": 0.2})
+        late = httpx.post(url + "/experience/tables/0/read", json={**body, "wait_s": 0.2})
         assert (late.status_code, late.json()["code"]) == (409, "cells_missing")
         item = {"sample_id": samples[0]["sample_id"], "slot": 0, "completion_index": 0, "completion": "7"}
         grading = threading.Timer(0.3, lambda: httpx.post(url + "/grade", json={"iteration": 0, "items": [item]}))
         grading.start()
-        answer = httpx.post(url + "/dock/tables/0/read", json=body, timeout=60)
+        answer = httpx.post(url + "/experience/tables/0/read", json=body, timeout=60)
         grading.join()
         assert answer.status_code == 200
         assert answer.json()["columns"]["reward"]["values"][0] in (0.0, 1.0)
-        too_long = httpx.post(url + "/dock/tables/0/read", json={**body, "wait_s": 61})
+        too_long = httpx.post(url + "/experience/tables/0/read", json={**body, "wait_s": 61})
         assert too_long.status_code == 422
         assert too_long.json()["detail"].startswith("wait_s: ")

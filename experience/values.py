@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from proctor.dock.errors import DockInputError
+from proctor.experience.errors import ExperienceInputError
 
 __all__ = [
     "DTYPES",
@@ -57,9 +57,9 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(","
 def _check_array(field: str, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
     name = array.dtype.name
     if name not in _CODE:
-        raise DockInputError(field, f"arrays of dtype {name} are not stored; use one of {', '.join(DTYPES)}")
+        raise ExperienceInputError(field, f"arrays of dtype {name} are not stored; use one of {', '.join(DTYPES)}")
     if array.ndim > MAX_NDIM:
-        raise DockInputError(field, f"an array of {array.ndim} dimensions; at most {MAX_NDIM} are stored")
+        raise ExperienceInputError(field, f"an array of {array.ndim} dimensions; at most {MAX_NDIM} are stored")
     return array
 
 
@@ -74,7 +74,7 @@ def encode_cell(field: str, value: Value) -> bytes:
     try:
         return _JSON_PREFIX + _ENCODER.encode(value).encode()
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is a ValueError
-        raise DockInputError(field, f"not JSON-able and not a numpy array ({exc})") from None
+        raise ExperienceInputError(field, f"not JSON-able and not a numpy array ({exc})") from None
 
 
 def decode_cell(data: bytes) -> Value:
@@ -88,7 +88,7 @@ def decode_cell(data: bytes) -> Value:
 
 
 def as_stored(columns: Mapping[str, Sequence[Value]]) -> dict[str, list[Value]]:
-    """The values as the store would read them back, or the :class:`DockInputError` it would raise.
+    """The values as the store would read them back, or the :class:`ExperienceInputError` it would raise.
 
     A client sends this rather than what it was given: a JSON encoder would quietly turn a set into a list
     and NaN into null, and the server would store what the caller never wrote.
@@ -112,17 +112,19 @@ def to_wire_array(array: npt.NDArray[Any]) -> dict[str, Any]:
 def from_wire_array(field: str, dtype: str, shape: Sequence[int], data: str) -> npt.NDArray[Any]:
     """The array a wire array stands for, checked: a known dtype, and as many bytes as its shape needs."""
     if dtype not in _CODE:
-        raise DockInputError(f"{field}.dtype", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+        raise ExperienceInputError(f"{field}.dtype", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     if len(shape) > MAX_NDIM or any(n < 0 for n in shape):
-        raise DockInputError(f"{field}.shape", f"{list(shape)} is not a shape of at most {MAX_NDIM} sizes ≥ 0")
+        raise ExperienceInputError(f"{field}.shape", f"{list(shape)} is not a shape of at most {MAX_NDIM} sizes ≥ 0")
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise DockInputError(f"{field}.data", "not base64 (the array's little-endian bytes, base64-encoded)") from None
+        raise ExperienceInputError(
+            f"{field}.data", "not base64 (the array's little-endian bytes, base64-encoded)"
+        ) from None
     dt = np.dtype(dtype).newbyteorder("<")
     need = dt.itemsize * int(np.prod(shape, dtype=np.int64))
     if len(raw) != need:
-        raise DockInputError(
+        raise ExperienceInputError(
             f"{field}.data", f"{len(raw)} bytes, but shape {list(shape)} of {dtype} needs {need}; send the raw array"
         )
     return np.frombuffer(raw, dtype=dt).reshape(tuple(shape)).astype(dt.newbyteorder("="))

@@ -1,5 +1,5 @@
-"""The experience store's throughput: rows per second written and read, in-process (``TransferDock`` on a
-file) and through the dataserver's ``/dock`` routes (``DockClient``), side by side in one run; and what a
+"""The experience store's throughput: rows per second written and read, in-process (``ExperienceStore`` on a
+file) and through the dataserver's ``/experience`` routes (``ExperienceClient``), side by side in one run; and what a
 graded completion costs in storage (SQL rows written, bytes on disk), here and in the per-cell layout the
 store had before (``--before REF``, run from a worktree of that commit).
 
@@ -27,8 +27,8 @@ import numpy as np
 from bench._baseline import available, checkout
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
-from proctor.client import DockClient
-from proctor.dock import TransferDock
+from proctor.client import ExperienceClient
+from proctor.experience import ExperienceStore
 
 SLOTS, GROUP, TOKENS = 256, 4, 512
 ROWS = SLOTS * GROUP
@@ -40,17 +40,19 @@ def _columns(step: int, encoding: str) -> dict[str, list[Any]]:
     return {"completion_ids": ids if encoding == "binary" else [a.tolist() for a in ids]}
 
 
-def _measure(dock: TransferDock | DockClient, encoding: str, steps: int, first: int = 0) -> dict[str, float]:
+def _measure(
+    experience: ExperienceStore | ExperienceClient, encoding: str, steps: int, first: int = 0
+) -> dict[str, float]:
     rows = [(s, k) for s in range(SLOTS) for k in range(GROUP)]
     write_s, read_s = [], []
     for step in range(first, first + steps):
         columns = _columns(step, encoding)
-        dock.open(step, slots=SLOTS, group_size=GROUP)
+        experience.open(step, slots=SLOTS, group_size=GROUP)
         t0 = time.perf_counter()
-        dock.put(step, rows, columns)
+        experience.put(step, rows, columns)
         write_s.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        dock.read(step, rows, ["completion_ids"])
+        experience.read(step, rows, ["completion_ids"])
         read_s.append(time.perf_counter() - t0)
     return {
         "write_rows_per_s": ROWS / statistics.median(write_s),
@@ -62,19 +64,19 @@ def run(steps: int) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for encoding in ("binary", "json"):
-            dock = TransferDock(Path(tmp, f"inproc-{encoding}.db"), keep_iterations=steps + 1)
+            experience = ExperienceStore(Path(tmp, f"inproc-{encoding}.db"), keep_iterations=steps + 1)
             try:
-                results.append({"face": "in-process", "encoding": encoding, **_measure(dock, encoding, steps)})
+                results.append({"face": "in-process", "encoding": encoding, **_measure(experience, encoding, steps)})
             finally:
-                dock.close()
+                experience.close()
         server = ServerProcess(
             ["--state", str(Path(tmp, "server.db")), "--grader-workers", "0"],
             log=Path(tmp, "server.log"),
-            env={"PROCTOR_DOCK_KEEP_ITERATIONS": str(2 * steps + 1)},
+            env={"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": str(2 * steps + 1)},
         ).start()
         try:
             for n, encoding in enumerate(("binary", "json")):
-                with DockClient(server.url) as client:
+                with ExperienceClient(server.url) as client:
                     results.append(
                         {"face": "HTTP", "encoding": encoding, **_measure(client, encoding, steps, n * steps)}
                     )
@@ -96,30 +98,32 @@ def storage_cost(steps: int = COST_STEPS) -> dict[str, float]:
     rows = [(s, k) for s in range(COST_SLOTS) for k in range(COST_GROUP)]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "cost.db")
-        dock = TransferDock(path, keep_iterations=steps + 1)
-        dock.register("grader", needs=["sample_id", "completion"], produces=["reward", "reward_detail"])
+        experience = ExperienceStore(path, keep_iterations=steps + 1)
+        experience.register("grader", needs=["sample_id", "completion"], produces=["reward", "reward_detail"])
         for step in range(steps):
-            dock.open(step, slots=COST_SLOTS, group_size=COST_GROUP)
+            experience.open(step, slots=COST_SLOTS, group_size=COST_GROUP)
             prompts: dict[str, list[Any]] = {
                 "sample_id": [f"add:0123456789:{step * COST_SLOTS + s}" for s in range(COST_SLOTS)],
                 "prompt": [f"What is {s} + {step}? Think step by step." for s in range(COST_SLOTS)],
                 "reference": [{"answer": str(s + step), "metadata": {}} for s in range(COST_SLOTS)],
                 "stage": ["warm"] * COST_SLOTS,
             }
-            if hasattr(dock, "put_slots"):
-                dock.put_slots(step, list(range(COST_SLOTS)), prompts)
+            if hasattr(experience, "put_slots"):
+                experience.put_slots(step, list(range(COST_SLOTS)), prompts)
             else:  # the per-cell layout wrote them in every row
-                dock.put(step, rows, {name: [v[s] for s, _ in rows] for name, v in prompts.items()})
+                experience.put(step, rows, {name: [v[s] for s, _ in rows] for name, v in prompts.items()})
             words = [" ".join(f"w{int(x)}" for x in rng.integers(0, 1000, 40)) for _ in rows]
-            dock.put(step, rows, {"completion": [f"{w} so the answer is {n}" for n, w in enumerate(words)]})
-            batch = dock.dispatch("grader", len(rows), iteration=step)
+            experience.put(step, rows, {"completion": [f"{w} so the answer is {n}" for n, w in enumerate(words)]})
+            batch = experience.dispatch("grader", len(rows), iteration=step)
             assert batch.lease is not None
             detail = {"components": {"numeric": 1.0}, "error": None}
-            dock.collect(batch.lease, {"reward": [1.0] * len(rows), "reward_detail": [detail] * len(rows)})
-        dock.close()
+            experience.collect(batch.lease, {"reward": [1.0] * len(rows), "reward_detail": [detail] * len(rows)})
+        experience.close()
         db = sqlite3.connect(path)
         tables = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        sql_rows = sum(db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables if t != "dock_consumers")
+        sql_rows = sum(
+            db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables if t != "experience_consumers"
+        )
         db.execute("VACUUM")
         db.close()
         completions = steps * len(rows)
@@ -132,11 +136,11 @@ def storage_cost(steps: int = COST_STEPS) -> dict[str, float]:
 def in_process(steps: int = 5) -> dict[str, float]:
     """Rows per second written and read in-process, binary encoding (a row of :func:`run`)."""
     with tempfile.TemporaryDirectory() as tmp:
-        dock = TransferDock(Path(tmp, "inproc.db"), keep_iterations=steps + 1)
+        experience = ExperienceStore(Path(tmp, "inproc.db"), keep_iterations=steps + 1)
         try:
-            return _measure(dock, "binary", steps)
+            return _measure(experience, "binary", steps)
         finally:
-            dock.close()
+            experience.close()
 
 
 def before(what: str, ref: str = CELL_LAYOUT) -> dict[str, float] | None:
@@ -145,7 +149,7 @@ def before(what: str, ref: str = CELL_LAYOUT) -> dict[str, float] | None:
     if not available(ref):
         return None
     with checkout(ref) as (env, _module):
-        code = f"import json; from bench.dock_throughput import {what}; print(json.dumps({what}()))"
+        code = f"import json; from bench.experience_throughput import {what}; print(json.dumps({what}()))"
         pythonpath = f"{env['PYTHONPATH']}:{Path(__file__).resolve().parents[1]}"
         done = subprocess.run(
             [sys.executable, "-c", code], env={"PYTHONPATH": pythonpath}, capture_output=True, text=True, check=True
@@ -182,14 +186,14 @@ def table(results: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] = ()) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench dock_throughput")
+    parser = argparse.ArgumentParser(prog="python -m bench experience_throughput")
     parser.add_argument("--steps", type=int, default=5, help="tables written and read per variant (median)")
     args = parser.parse_args(list(argv))
     results = run(args.steps)
     cost, cost_then = storage_cost(), before("storage_cost")
     speed, speed_then = in_process(args.steps), before("in_process")
     save(
-        "dock_throughput",
+        "experience_throughput",
         {"throughput": results, "storage": {"chunks": cost, "cells": cost_then}, "layouts": [speed, speed_then]},
     )
     print(table(results))

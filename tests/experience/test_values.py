@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from proctor.dock import DockInputError
-from proctor.dock.values import DTYPES, MAX_NDIM, decode_cell, encode_cell, from_wire_array, to_wire_array
+from proctor.experience import ExperienceInputError
+from proctor.experience.values import DTYPES, MAX_NDIM, decode_cell, encode_cell, from_wire_array, to_wire_array
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
@@ -123,7 +123,7 @@ def test_an_array_is_stored_as_its_raw_bytes() -> None:
     ],
 )
 def test_a_value_that_cannot_be_stored_is_refused_naming_the_field(value: Any, message: str) -> None:
-    with pytest.raises(DockInputError, match="^" + re.escape(message)) as caught:
+    with pytest.raises(ExperienceInputError, match="^" + re.escape(message)) as caught:
         encode_cell("y", value)
     assert caught.value.field == "y"
 
@@ -138,7 +138,7 @@ def test_a_value_that_cannot_be_stored_is_refused_naming_the_field(value: Any, m
     ids=["complex", "object", "ndim"],
 )
 def test_an_array_that_cannot_go_on_the_wire_is_refused(array: np.ndarray[Any, Any], message: str) -> None:
-    with pytest.raises(DockInputError, match="^" + re.escape(message)):
+    with pytest.raises(ExperienceInputError, match="^" + re.escape(message)):
         to_wire_array(array)
 
 
@@ -160,7 +160,7 @@ def test_an_array_that_cannot_go_on_the_wire_is_refused(array: np.ndarray[Any, A
 def test_a_bad_wire_array_is_refused_naming_the_field(
     dtype: str, shape: list[int], data: str, field: str, message: str
 ) -> None:
-    with pytest.raises(DockInputError, match="^" + re.escape(f"{field}: ") + ".*" + re.escape(message)) as caught:
+    with pytest.raises(ExperienceInputError, match="^" + re.escape(f"{field}: ") + ".*" + re.escape(message)) as caught:
         from_wire_array("x", dtype, shape, data)
     assert caught.value.field == field
 
@@ -169,7 +169,7 @@ def test_a_string_with_a_lone_surrogate_is_stored_or_refused_as_an_input_error()
     value = "half a pair: \ud800"
     try:
         stored = encode_cell("y", value)
-    except DockInputError as exc:
+    except ExperienceInputError as exc:
         assert exc.field == "y"
         return
     assert decode_cell(stored) == value

@@ -1,5 +1,6 @@
-"""``DockClient``: the dataserver's experience store (``/dock``), with the methods, answers and exceptions of
-the in-process :class:`proctor.dock.TransferDock`, so a worker runs unchanged against either."""
+"""``ExperienceClient``: the dataserver's experience store (``/experience``), with the methods, answers and
+exceptions of the in-process :class:`proctor.experience.ExperienceStore`, so a worker runs unchanged against
+either."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from pydantic import BaseModel, ValidationError
 
 from proctor.client.errors import DataserverError, ServerError
 from proctor.client.http import ProctorClient
-from proctor.dock import wire as dw
-from proctor.dock.dock import Collected, Consumer, Consumption, Dispatch, RowKey, TableInfo
-from proctor.dock.errors import DockError, DockInputError, error_class
-from proctor.dock.values import Value, as_stored
+from proctor.experience import wire as dw
+from proctor.experience.errors import ExperienceError, ExperienceInputError, error_class
+from proctor.experience.store import Collected, Consumer, Consumption, Dispatch, RowKey, TableInfo
+from proctor.experience.values import Value, as_stored
 
-__all__ = ["DockClient"]
+__all__ = ["ExperienceClient"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -26,10 +27,10 @@ M = TypeVar("M", bound=BaseModel)
 ROWS_PER_REQUEST = 256
 
 
-class DockClient:
+class ExperienceClient:
     """The experience store of the dataserver at ``base_url`` (or of an existing ``ProctorClient``).
 
-    Failed calls raise the store's own exceptions (:mod:`proctor.dock.errors`); transport failures and
+    Failed calls raise the store's own exceptions (:mod:`proctor.experience.errors`); transport failures and
     server failures raise the client's (:mod:`proctor.client.errors`) after its retries.
     """
 
@@ -52,7 +53,7 @@ class DockClient:
         if self._owned:
             self.client.close()
 
-    def __enter__(self) -> DockClient:
+    def __enter__(self) -> ExperienceClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -62,13 +63,13 @@ class DockClient:
 
     def open(self, iteration: int, *, slots: int, group_size: int | None = None) -> TableInfo:
         body = _request(dw.OpenRequest, slots=slots, group_size=group_size)
-        return self._call("PUT", f"/dock/tables/{iteration}", dw.TableBody, body).info()
+        return self._call("PUT", f"/experience/tables/{iteration}", dw.TableBody, body).info()
 
     def tables(self) -> list[TableInfo]:
-        return [t.info() for t in self._call("GET", "/dock", dw.DockOverview).tables]
+        return [t.info() for t in self._call("GET", "/experience", dw.ExperienceOverview).tables]
 
     def table(self, iteration: int) -> TableInfo:
-        return self._call("GET", f"/dock/tables/{iteration}", dw.TableBody).info()
+        return self._call("GET", f"/experience/tables/{iteration}", dw.TableBody).info()
 
     # --- consumers ------------------------------------------------------------------------------------------
 
@@ -76,10 +77,10 @@ class DockClient:
         self, name: str, *, needs: Sequence[str], produces: Sequence[str] = (), dispatch_size: int | None = None
     ) -> Consumer:
         body = _request(dw.RegisterRequest, needs=list(needs), produces=list(produces), dispatch_size=dispatch_size)
-        return self._call("PUT", f"/dock/consumers/{_segment(name)}", dw.ConsumerBody, body).consumer()
+        return self._call("PUT", f"/experience/consumers/{_segment(name)}", dw.ConsumerBody, body).consumer()
 
     def consumers(self) -> list[Consumer]:
-        return [c.consumer() for c in self._call("GET", "/dock", dw.DockOverview).consumers]
+        return [c.consumer() for c in self._call("GET", "/experience", dw.ExperienceOverview).consumers]
 
     # --- writes and reads by index ---------------------------------------------------------------------------
 
@@ -88,7 +89,9 @@ class DockClient:
         or repeated is harmless)."""
         for name, values in columns.items():
             if len(values) != len(rows):
-                raise DockInputError(f"columns.{name}", f"{len(values)} values for {len(rows)} rows; send one per row")
+                raise ExperienceInputError(
+                    f"columns.{name}", f"{len(values)} values for {len(rows)} rows; send one per row"
+                )
         # Every value is checked before the first part goes: a bad one must not leave the parts before it written.
         stored = as_stored(columns)
         for start in range(0, max(len(rows), 1), self.rows_per_request):
@@ -98,7 +101,7 @@ class DockClient:
                 rows=list(rows[part]),
                 columns=dw.columns_to_wire({n: v[part] for n, v in stored.items()}),
             )
-            self._send("POST", f"/dock/tables/{iteration}/rows", body)
+            self._send("POST", f"/experience/tables/{iteration}/rows", body)
 
     def read(
         self,
@@ -109,10 +112,12 @@ class DockClient:
         missing: Literal["error", "none"] = "error",
         wait_s: float = 0.0,
     ) -> dict[str, list[Value]]:
-        """As :meth:`TransferDock.read`; with ``wait_s``, the server waits that long for unwritten cells to be
+        """As :meth:`ExperienceStore.read`; with ``wait_s``, the server waits that long for unwritten cells to be
         written before it answers that they are not."""
         body = _request(dw.ReadRequest, rows=list(rows), columns=list(columns), missing=missing, wait_s=wait_s)
-        return dw.columns_from_wire(self._call("POST", f"/dock/tables/{iteration}/read", dw.ReadBody, body).columns)
+        return dw.columns_from_wire(
+            self._call("POST", f"/experience/tables/{iteration}/read", dw.ReadBody, body).columns
+        )
 
     # --- consuming ------------------------------------------------------------------------------------------
 
@@ -138,19 +143,21 @@ class DockClient:
             max_tokens_per_microbatch=max_tokens_per_microbatch,
             lease_s=lease_s,
         )
-        return self._call("POST", f"/dock/consumers/{_segment(consumer)}/dispatch", dw.DispatchBody, body).dispatch()
+        return self._call(
+            "POST", f"/experience/consumers/{_segment(consumer)}/dispatch", dw.DispatchBody, body
+        ).dispatch()
 
     def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> Collected:
         body = _request(dw.CollectRequest, columns=dw.columns_to_wire(as_stored(columns)))
-        path = f"/dock/leases/{_segment(lease)}/collect"
+        path = f"/experience/leases/{_segment(lease)}/collect"
         return self._call("POST", path, dw.CollectedBody, body).collected()
 
     def renew(self, lease: str, lease_s: float = 60.0) -> float:
         body = _request(dw.RenewRequest, lease_s=lease_s)
-        return self._call("POST", f"/dock/leases/{_segment(lease)}/renew", dw.RenewBody, body).expires_at
+        return self._call("POST", f"/experience/leases/{_segment(lease)}/renew", dw.RenewBody, body).expires_at
 
     def consumption(self, consumer: str, iteration: int) -> Consumption:
-        path = f"/dock/consumers/{_segment(consumer)}/tables/{iteration}"
+        path = f"/experience/consumers/{_segment(consumer)}/tables/{iteration}"
         return self._call("GET", path, dw.ConsumptionBody).consumption()
 
     def all_consumed(self, consumer: str, iteration: int) -> bool:
@@ -159,17 +166,17 @@ class DockClient:
     # --- plumbing -------------------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, model: type[M], body: BaseModel | None = None) -> M:
-        with _dock_errors():
+        with _experience_errors():
             return self.client._call(method, path, model, body)
 
     def _send(self, method: str, path: str, body: BaseModel) -> None:
-        with _dock_errors():
+        with _experience_errors():
             self.client._send(method, path, body)
 
 
 def _request(model: type[M], **fields: Any) -> M:
     """The request body, checked here as the server would check it, so that a bad value is the same
-    :class:`DockInputError` on both faces."""
+    :class:`ExperienceInputError` on both faces."""
     try:
         return model(**fields)
     except ValidationError as exc:
@@ -177,7 +184,7 @@ def _request(model: type[M], **fields: Any) -> M:
         field = ""
         for part in error["loc"]:
             field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
-        raise DockInputError(field or "body", f"{error['msg']}; got {error.get('input')!r}") from None
+        raise ExperienceInputError(field or "body", f"{error['msg']}; got {error.get('input')!r}") from None
 
 
 def _segment(text: str) -> str:
@@ -185,15 +192,15 @@ def _segment(text: str) -> str:
 
 
 @contextmanager
-def _dock_errors() -> Iterator[None]:
+def _experience_errors() -> Iterator[None]:
     """The store's exception for an answer that names one (``code``), and for a request the schema refused."""
     try:
         yield
     except ServerError as exc:
-        raise _as_dock_error(exc) from exc
+        raise _as_experience_error(exc) from exc
 
 
-def _as_dock_error(exc: ServerError) -> DockError | DataserverError:
+def _as_experience_error(exc: ServerError) -> ExperienceError | DataserverError:
     try:
         body: Any = exc.response.json()
     except ValueError:
@@ -201,6 +208,6 @@ def _as_dock_error(exc: ServerError) -> DockError | DataserverError:
     code = body.get("code") if isinstance(body, dict) else None
     if code == "invalid" or (code is None and exc.status_code == 422):
         field, _, message = exc.detail.partition(": ")
-        return DockInputError(field, message) if message else DockInputError("body", exc.detail)
+        return ExperienceInputError(field, message) if message else ExperienceInputError("body", exc.detail)
     cls = error_class(code) if isinstance(code, str) else None
     return cls(exc.detail) if cls is not None else exc

@@ -1,7 +1,7 @@
 """The experience store's exceptions: one root, and a class per outcome a caller handles differently.
 
 The in-process store raises them directly; over HTTP the dataserver answers with their status and ``code``,
-and the dock client raises the same class again, so code written against one face works against the other.
+and the experience client raises the same class again, so code written against one face works against the other.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 __all__ = [
     "CellConflictError",
     "CellsMissingError",
-    "DockError",
-    "DockInputError",
+    "ExperienceError",
+    "ExperienceInputError",
     "LeaseError",
     "ShapeConflictError",
     "UnknownConsumerError",
@@ -19,10 +19,10 @@ __all__ = [
 ]
 
 
-class DockError(Exception):
+class ExperienceError(Exception):
     """Every error of the experience store. ``code`` names the class on the wire; ``status`` is its HTTP status."""
 
-    code = "dock_error"
+    code = "experience_error"
     status = 400
 
     def __init__(self, message: str) -> None:
@@ -30,7 +30,7 @@ class DockError(Exception):
         super().__init__(message)
 
 
-class DockInputError(DockError, ValueError):
+class ExperienceInputError(ExperienceError, ValueError):
     """A value the store cannot accept: a row outside the table, a column of the wrong length, a bad name."""
 
     code = "invalid"
@@ -41,42 +41,42 @@ class DockInputError(DockError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
-class UnknownIterationError(DockError, LookupError):
+class UnknownIterationError(ExperienceError, LookupError):
     """The iteration has no table: it was never opened, or retention dropped it."""
 
     code = "unknown_iteration"
     status = 404
 
 
-class UnknownConsumerError(DockError, LookupError):
+class UnknownConsumerError(ExperienceError, LookupError):
     """The consumer was never registered."""
 
     code = "unknown_consumer"
     status = 404
 
 
-class ShapeConflictError(DockError):
+class ShapeConflictError(ExperienceError):
     """An iteration opened again with another shape, or a consumer registered again with other columns."""
 
     code = "shape_conflict"
     status = 409
 
 
-class CellConflictError(DockError):
+class CellConflictError(ExperienceError):
     """A cell written again with a different value: each column is written once per row."""
 
     code = "cell_conflict"
     status = 409
 
 
-class CellsMissingError(DockError):
+class CellsMissingError(ExperienceError):
     """A read by index of cells that are not written yet (reads by index never wait)."""
 
     code = "cells_missing"
     status = 409
 
 
-class LeaseError(DockError):
+class LeaseError(ExperienceError):
     """A result for rows the writer does not hold: the lease is unknown, expired, or already collected with
     other values."""
 
@@ -84,10 +84,10 @@ class LeaseError(DockError):
     status = 409
 
 
-_BY_CODE: dict[str, type[DockError]] = {
+_BY_CODE: dict[str, type[ExperienceError]] = {
     cls.code: cls
     for cls in (
-        DockError,
+        ExperienceError,
         UnknownIterationError,
         UnknownConsumerError,
         ShapeConflictError,
@@ -98,6 +98,6 @@ _BY_CODE: dict[str, type[DockError]] = {
 }
 
 
-def error_class(code: str) -> type[DockError] | None:
+def error_class(code: str) -> type[ExperienceError] | None:
     """The exception class a wire ``code`` stands for (``invalid`` is rebuilt by the caller: it has a field)."""
     return _BY_CODE.get(code)

@@ -1,31 +1,31 @@
 """The experience store: every rollout of recent generation steps, column by column, shared by the roles that
-produce and consume it (``TransferDock``), in this process or behind the dataserver (``proctor.client.dock``).
+produce and consume it (``ExperienceStore``), in this process or behind the dataserver (``proctor.client.experience``).
 """
 
 from __future__ import annotations
 
-from proctor.dock.dock import (
-    Collected,
-    Consumer,
-    Consumption,
-    Dispatch,
-    DockLimits,
-    RowKey,
-    TableInfo,
-    TransferDock,
-)
-from proctor.dock.errors import (
+from proctor.experience.errors import (
     CellConflictError,
     CellsMissingError,
-    DockError,
-    DockInputError,
+    ExperienceError,
+    ExperienceInputError,
     LeaseError,
     ShapeConflictError,
     UnknownConsumerError,
     UnknownIterationError,
 )
-from proctor.dock.loop import consume
-from proctor.dock.values import Value
+from proctor.experience.loop import consume
+from proctor.experience.store import (
+    Collected,
+    Consumer,
+    Consumption,
+    Dispatch,
+    ExperienceLimits,
+    ExperienceStore,
+    RowKey,
+    TableInfo,
+)
+from proctor.experience.values import Value
 
 __all__ = [
     "CellConflictError",
@@ -34,14 +34,14 @@ __all__ = [
     "Consumer",
     "Consumption",
     "Dispatch",
-    "DockError",
-    "DockInputError",
-    "DockLimits",
+    "ExperienceError",
+    "ExperienceInputError",
+    "ExperienceLimits",
+    "ExperienceStore",
     "LeaseError",
     "RowKey",
     "ShapeConflictError",
     "TableInfo",
-    "TransferDock",
     "UnknownConsumerError",
     "UnknownIterationError",
     "Value",

@@ -1,7 +1,7 @@
-"""``/dock``: the experience store over HTTP (tables per iteration, consumers, dispatch and collect).
+"""``/experience``: the experience store over HTTP (tables per iteration, consumers, dispatch and collect).
 
-Each route is one call of :class:`~proctor.dock.TransferDock`, with the same meaning and the same errors
-(their class in the answer's ``code``), which the dock client raises again.
+Each route is one call of :class:`~proctor.experience.ExperienceStore`, with the same meaning and the same errors
+(their class in the answer's ``code``), which the experience client raises again.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response
 
-from proctor.dock import TransferDock
-from proctor.dock import wire as dw
+from proctor.experience import ExperienceStore
+from proctor.experience import wire as dw
 from proctor.server.deps import DataserverDep, json_body
 from proctor.server.errors import error_responses
 from proctor.server.openapi import request_body
 
-router = APIRouter(prefix="/dock", tags=["experience store"], responses=error_responses(400, 413, 415, 422, 503))
+router = APIRouter(prefix="/experience", tags=["experience store"], responses=error_responses(400, 413, 415, 422, 503))
 
 IterationPath = Annotated[
     int,
@@ -34,19 +34,19 @@ def _json(model: dw._Wire) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
-@router.get("", response_model=dw.DockOverview)
+@router.get("", response_model=dw.ExperienceOverview)
 async def overview(server: DataserverDep) -> Response:
     """The tables kept (with the cells written per column) and the consumers."""
     x = server.experience
-    return await x.call(_overview, x.dock)
+    return await x.call(_overview, x.store)
 
 
-def _overview(dock: TransferDock) -> Response:
+def _overview(experience: ExperienceStore) -> Response:
     return _json(
-        dw.DockOverview(
-            keep_iterations=dock.keep_iterations,
-            tables=[dw.TableBody.of(t) for t in dock.tables()],
-            consumers=[dw.ConsumerBody.of(c) for c in dock.consumers()],
+        dw.ExperienceOverview(
+            keep_iterations=experience.keep_iterations,
+            tables=[dw.TableBody.of(t) for t in experience.tables()],
+            consumers=[dw.ConsumerBody.of(c) for c in experience.consumers()],
         )
     )
 
@@ -75,7 +75,7 @@ async def open_table(
 @router.get("/tables/{iteration}", response_model=dw.TableBody, responses=error_responses(404))
 async def get_table(iteration: IterationPath, server: DataserverDep) -> Response:
     x = server.experience
-    return _json(dw.TableBody.of(await x.call(x.dock.table, iteration)))
+    return _json(dw.TableBody.of(await x.call(x.store.table, iteration)))
 
 
 @router.post(
@@ -110,13 +110,13 @@ async def read_rows(
     x = server.experience
     if body.wait_s > 0 and body.missing == "error":
         return await server.rollouts.when_written(
-            iteration, body.wait_s, lambda: x.call(_read, x.dock, iteration, body)
+            iteration, body.wait_s, lambda: x.call(_read, x.store, iteration, body)
         )
-    return await x.call(_read, x.dock, iteration, body)
+    return await x.call(_read, x.store, iteration, body)
 
 
-def _read(dock: TransferDock, iteration: int, body: dw.ReadRequest) -> Response:
-    values = dock.read(iteration, body.rows, body.columns, missing=body.missing)
+def _read(experience: ExperienceStore, iteration: int, body: dw.ReadRequest) -> Response:
+    values = experience.read(iteration, body.rows, body.columns, missing=body.missing)
     return _json(dw.ReadBody(columns=dw.columns_to_wire(values)))
 
 
@@ -134,7 +134,7 @@ async def register(
     """Declare a consumer and its columns (idempotent; other columns under the same name are a 409)."""
     x = server.experience
     consumer = await x.call(
-        x.dock.register, name, needs=body.needs, produces=body.produces, dispatch_size=body.dispatch_size
+        x.store.register, name, needs=body.needs, produces=body.produces, dispatch_size=body.dispatch_size
     )
     return _json(dw.ConsumerBody.of(consumer))
 
@@ -152,11 +152,11 @@ async def dispatch(
 ) -> Response:
     """Claim rows ready for the consumer under a lease (empty, with ``lease: null``, when none is ready)."""
     x = server.experience
-    return await x.call(_dispatch, x.dock, name, body)
+    return await x.call(_dispatch, x.store, name, body)
 
 
-def _dispatch(dock: TransferDock, name: str, body: dw.DispatchRequest) -> Response:
-    batch = dock.dispatch(
+def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) -> Response:
+    batch = experience.dispatch(
         name,
         body.count,
         iteration=body.iteration,
@@ -173,7 +173,7 @@ def _dispatch(dock: TransferDock, name: str, body: dw.DispatchRequest) -> Respon
 async def consumption(name: NamePath, iteration: IterationPath, server: DataserverDep) -> Response:
     """Where the consumer stands in the table: rows consumed, held and ready, and ``all_consumed``."""
     x = server.experience
-    return _json(dw.ConsumptionBody.of(await x.call(x.dock.consumption, name, iteration)))
+    return _json(dw.ConsumptionBody.of(await x.call(x.store.consumption, name, iteration)))
 
 
 @router.post(
@@ -207,4 +207,4 @@ async def renew(
 ) -> Response:
     """Hold the lease's rows ``lease_s`` seconds more, from now."""
     x = server.experience
-    return _json(dw.RenewBody(expires_at=await x.call(x.dock.renew, lease, body.lease_s)))
+    return _json(dw.RenewBody(expires_at=await x.call(x.store.renew, lease, body.lease_s)))

@@ -1,4 +1,4 @@
-"""The experience store's HTTP schema, shared by the dataserver's ``/dock`` routes and the dock client.
+"""The experience store's HTTP schema, shared by the dataserver's ``/experience`` routes and the experience client.
 
 Columns travel as ``{"values": [...]}`` (JSON values, one per row) or ``{"arrays": [...]}`` (numpy arrays,
 one per row, each its dtype, shape and base64 bytes). Every number is bounded here; the store checks the rest
@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from proctor.dock.dock import Collected, Consumer, Consumption, Dispatch, TableInfo
-from proctor.dock.errors import DockInputError
-from proctor.dock.values import MAX_NDIM, Value, from_wire_array, to_wire_array
+from proctor.experience.errors import ExperienceInputError
+from proctor.experience.store import Collected, Consumer, Consumption, Dispatch, TableInfo
+from proctor.experience.values import MAX_NDIM, Value, from_wire_array, to_wire_array
 
 __all__ = [
     "CollectRequest",
@@ -24,7 +24,7 @@ __all__ = [
     "ConsumptionBody",
     "DispatchBody",
     "DispatchRequest",
-    "DockOverview",
+    "ExperienceOverview",
     "OpenRequest",
     "PutRequest",
     "ReadBody",
@@ -81,7 +81,7 @@ def column_to_wire(name: str, values: Sequence[Value]) -> WireColumn:
     if any(arrays) and all(a or v is None for a, v in zip(arrays, values, strict=True)):
         return WireColumn(arrays=[None if v is None else WireArray(**to_wire_array(v)) for v in values])
     if any(arrays):
-        raise DockInputError(f"columns.{name}", "mixes numpy arrays and other values; send one kind per column")
+        raise ExperienceInputError(f"columns.{name}", "mixes numpy arrays and other values; send one kind per column")
     return WireColumn(values=list(values))
 
 
@@ -269,7 +269,7 @@ class ConsumptionBody(_Wire):
         return Consumption(self.consumer, self.iteration, self.rows, self.consumed, self.held, self.ready)
 
 
-class DockOverview(_Wire):
+class ExperienceOverview(_Wire):
     keep_iterations: int
     tables: list[TableBody]
     consumers: list[ConsumerBody]

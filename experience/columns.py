@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proctor.dock.dock import Consumer
+from proctor.experience.store import Consumer
 
 __all__ = [
     "COMPLETION",

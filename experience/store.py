@@ -1,4 +1,4 @@
-"""``TransferDock``: every rollout of recent generation steps, column by column, shared by the roles that
+"""``ExperienceStore``: every rollout of recent generation steps, column by column, shared by the roles that
 produce and consume it.
 
 One table per generation step (``iteration``) of ``slots × group_size`` rows: row ``(slot, index)`` is the
@@ -38,19 +38,28 @@ import numpy as np
 import numpy.typing as npt
 
 from proctor.batching.dynamic import plan_dynamic_batches
-from proctor.dock.errors import (
+from proctor.experience.errors import (
     CellConflictError,
     CellsMissingError,
-    DockInputError,
+    ExperienceInputError,
     LeaseError,
     ShapeConflictError,
     UnknownConsumerError,
     UnknownIterationError,
 )
-from proctor.dock.persistence import DockTables, Lease, StoredTable, pack_cells, unpack_cells
-from proctor.dock.values import Value, decode_cell, encode_cell
+from proctor.experience.persistence import ExperienceTables, Lease, StoredTable, pack_cells, unpack_cells
+from proctor.experience.values import Value, decode_cell, encode_cell
 
-__all__ = ["Collected", "Consumer", "Consumption", "Dispatch", "DockLimits", "RowKey", "TableInfo", "TransferDock"]
+__all__ = [
+    "Collected",
+    "Consumer",
+    "Consumption",
+    "Dispatch",
+    "ExperienceLimits",
+    "ExperienceStore",
+    "RowKey",
+    "TableInfo",
+]
 
 RowKey = tuple[int, int]
 """``(slot, index)``: a prompt's slot in the step's batch, and which of its completions."""
@@ -60,7 +69,7 @@ _MAX_NAME = 64
 
 
 @dataclass(frozen=True, slots=True)
-class DockLimits:
+class ExperienceLimits:
     """Bounds on what one call may ask for: each call's work is bounded by them."""
 
     max_slots: int = 65_536
@@ -275,7 +284,7 @@ def _iteration(age: tuple[int, bool]) -> int:
     return -step - 1 if loose else step
 
 
-class TransferDock:
+class ExperienceStore:
     """The store, in this process, durable in the SQLite file ``path`` (``:memory:`` for a throwaway one).
 
     Args:
@@ -291,16 +300,16 @@ class TransferDock:
         *,
         keep_iterations: int = 8,
         synchronous: Literal["normal", "full"] = "normal",
-        limits: DockLimits | None = None,
+        limits: ExperienceLimits | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if keep_iterations < 1:
             raise ValueError(f"keep_iterations must be at least 1, got {keep_iterations}")
         self.keep_iterations = keep_iterations
-        self.limits = limits or DockLimits()
+        self.limits = limits or ExperienceLimits()
         self._clock = clock
         self._lock = threading.RLock()
-        self._db = DockTables(path, synchronous=synchronous)
+        self._db = ExperienceTables(path, synchronous=synchronous)
         self._tables: dict[int, _Table] = {}
         # The kept iterations of each kind (steps, and tables of loose rows), oldest first: retention's order.
         self._ages: dict[bool, list[tuple[int, bool]]] = {False: [], True: []}
@@ -377,7 +386,7 @@ class TransferDock:
         if group_size is not None:
             _check_count("group_size", group_size, 1, self.limits.max_group_size)
             if slots * group_size > self.limits.max_rows:
-                raise DockInputError(
+                raise ExperienceInputError(
                     "slots",
                     f"{slots} × group_size {group_size} rows is above the store's {self.limits.max_rows} per table",
                 )
@@ -439,7 +448,7 @@ class TransferDock:
                 f"cannot be {group_size}; every writer of a step must agree"
             )
         if slots * group_size > self.limits.max_rows:
-            raise DockInputError(
+            raise ExperienceInputError(
                 "slots", f"{slots} × group_size {group_size} rows is above the store's {self.limits.max_rows} per table"
             )
         table.group_size = group_size
@@ -454,7 +463,9 @@ class TransferDock:
             table = self._table(iteration)
             first = table.slots
             if first + count > self.limits.max_slots:
-                raise DockInputError("count", f"{first} + {count} slots is above the store's {self.limits.max_slots}")
+                raise ExperienceInputError(
+                    "count", f"{first} + {count} slots is above the store's {self.limits.max_slots}"
+                )
             table.grow(first + count, table.width)
             with self._db.transaction():
                 self._db.set_shape(table.stored())
@@ -506,13 +517,13 @@ class TransferDock:
         _check_name("name", name)
         for what, columns in (("needs", needs), ("produces", produces)):
             if isinstance(columns, str):
-                raise DockInputError(what, f"a list of column names, not the string {columns!r}")
+                raise ExperienceInputError(what, f"a list of column names, not the string {columns!r}")
             if len(columns) > self.limits.max_columns:
-                raise DockInputError(what, f"{len(columns)} columns; at most {self.limits.max_columns}")
+                raise ExperienceInputError(what, f"{len(columns)} columns; at most {self.limits.max_columns}")
             for n, column in enumerate(columns):
                 _check_name(f"{what}[{n}]", column)
         if not needs:
-            raise DockInputError("needs", "a consumer needs at least one column, the one whose rows it reads")
+            raise ExperienceInputError("needs", "a consumer needs at least one column, the one whose rows it reads")
         if dispatch_size is not None:
             _check_count("dispatch_size", dispatch_size, 1, self.limits.max_rows_per_call)
         consumer = Consumer(name, tuple(dict.fromkeys(needs)), tuple(dict.fromkeys(produces)), dispatch_size)
@@ -582,7 +593,7 @@ class TransferDock:
         """The values of ``columns`` in ``rows``; never waits. Cells not yet written are an error, or ``None``
         with ``missing="none"``."""
         if missing not in ("error", "none"):
-            raise DockInputError("missing", f"{missing!r} is not 'error' or 'none'")
+            raise ExperienceInputError("missing", f"{missing!r} is not 'error' or 'none'")
         with self._lock:
             table = self._table(iteration)
             slots, indices = self._rows(table, rows)
@@ -622,7 +633,7 @@ class TransferDock:
 
     def _rows(self, table: _Table, rows: Sequence[RowKey]) -> tuple[Index, Index]:
         if len(rows) > self.limits.max_rows_per_call:
-            raise DockInputError("rows", f"{len(rows)} rows; at most {self.limits.max_rows_per_call} per call")
+            raise ExperienceInputError("rows", f"{len(rows)} rows; at most {self.limits.max_rows_per_call} per call")
         capacity = self._capacity(table)
         slots = np.empty(len(rows), dtype=np.int64)
         indices = np.empty(len(rows), dtype=np.int64)
@@ -630,32 +641,32 @@ class TransferDock:
             try:
                 slot, k = row
             except (TypeError, ValueError):
-                raise DockInputError(f"rows[{n}]", f"{row!r} is not a (slot, index) pair") from None
+                raise ExperienceInputError(f"rows[{n}]", f"{row!r} is not a (slot, index) pair") from None
             if not all(isinstance(x, int) and not isinstance(x, bool) for x in (slot, k)):
-                raise DockInputError(f"rows[{n}]", f"{row!r} is not a (slot, index) pair of integers")
+                raise ExperienceInputError(f"rows[{n}]", f"{row!r} is not a (slot, index) pair of integers")
             if not (0 <= slot < table.slots and 0 <= k < capacity):
-                raise DockInputError(
+                raise ExperienceInputError(
                     f"rows[{n}]",
                     f"({slot}, {k}) is outside iteration {table.iteration}'s table of {table.slots} slots × "
                     + (f"group_size {table.group_size}" if table.group_size is not None else f"{capacity} indices"),
                 )
             slots[n], indices[n] = slot, k
         if len(np.unique(slots * capacity + indices)) != len(rows):
-            raise DockInputError("rows", "a row appears twice; give each row once")
+            raise ExperienceInputError("rows", "a row appears twice; give each row once")
         return slots, indices
 
     def _slots(self, table: _Table, slots: Sequence[int]) -> Index:
         if len(slots) > self.limits.max_rows_per_call:
-            raise DockInputError("slots", f"{len(slots)} slots; at most {self.limits.max_rows_per_call} per call")
+            raise ExperienceInputError("slots", f"{len(slots)} slots; at most {self.limits.max_rows_per_call} per call")
         out = np.empty(len(slots), dtype=np.int64)
         for n, slot in enumerate(slots):
             if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < table.slots:
-                raise DockInputError(
+                raise ExperienceInputError(
                     f"slots[{n}]", f"{slot!r} is not a slot of iteration {table.iteration}'s {table.slots}"
                 )
             out[n] = slot
         if len(np.unique(out)) != len(out):
-            raise DockInputError("slots", "a slot appears twice; give each slot once")
+            raise ExperienceInputError("slots", "a slot appears twice; give each slot once")
         return out
 
     def _fresh_cells(
@@ -664,18 +675,20 @@ class TransferDock:
         """The cells to write, encoded, per column: those not written yet. A cell written before must hold the
         same value (a retried write), or nothing is written at all."""
         if len(columns) > self.limits.max_columns:
-            raise DockInputError("columns", f"{len(columns)} columns; at most {self.limits.max_columns} per call")
+            raise ExperienceInputError("columns", f"{len(columns)} columns; at most {self.limits.max_columns} per call")
         per_slot = indices is None
         fresh: dict[str, _Fresh] = {}
         for name, values in columns.items():
             _check_name(f"columns.{name}", name)
             if len(values) != len(slots):
-                raise DockInputError(f"columns.{name}", f"{len(values)} values for {len(slots)} rows; send one per row")
+                raise ExperienceInputError(
+                    f"columns.{name}", f"{len(values)} values for {len(slots)} rows; send one per row"
+                )
             cells = [encode_cell(f"columns.{name}[{n}]", v) for n, v in enumerate(values)]
             column = table.columns.get(name)
             if column is not None and column.per_slot != per_slot:
                 kind = "per slot" if column.per_slot else "per row"
-                raise DockInputError(
+                raise ExperienceInputError(
                     f"columns.{name}",
                     f"iteration {table.iteration} holds {name!r} {kind}; write it {kind} (a column is written one "
                     "way in a table)",
@@ -805,17 +818,17 @@ class TransferDock:
         _check_count("dp_size", dp_size, 1, 4096)
         self._check_lease_s(lease_s)
         if groups and balance_by is not None:
-            raise DockInputError(
+            raise ExperienceInputError(
                 "balance_by", "groups keeps a prompt's completions together and balance_by splits rows; ask for one"
             )
         with self._lock:
             c = self._consumer(consumer)
             want = count if count is not None else c.dispatch_size
             if want is None:
-                raise DockInputError("count", f"consumer {consumer!r} has no dispatch_size; give count")
+                raise ExperienceInputError("count", f"consumer {consumer!r} has no dispatch_size; give count")
             _check_count("count", want, 1, self.limits.max_rows_per_call)
             if balance_by is not None and balance_by not in c.needs:
-                raise DockInputError(
+                raise ExperienceInputError(
                     "balance_by", f"{balance_by!r} is not among consumer {consumer!r}'s needs {list(c.needs)}"
                 )
             now = self._clock()
@@ -823,7 +836,7 @@ class TransferDock:
             if iteration is not None:
                 candidates = [self._table(iteration)]
                 if groups and candidates[0].group_size is None:
-                    raise DockInputError(
+                    raise ExperienceInputError(
                         "groups", f"iteration {iteration} has no group_size yet; open it with one to hand out groups"
                     )
             else:
@@ -862,7 +875,7 @@ class TransferDock:
 
     def _check_lease_s(self, lease_s: float) -> None:
         if not (0 < lease_s <= self.limits.max_lease_s):
-            raise DockInputError("lease_s", f"{lease_s} is outside (0, {self.limits.max_lease_s:g}] seconds")
+            raise ExperienceInputError("lease_s", f"{lease_s} is outside (0, {self.limits.max_lease_s:g}] seconds")
 
     def _ready(self, table: _Table, c: Consumer) -> npt.NDArray[np.bool_]:
         ready = ~table.peek(table.consumed, c.name) & ~table.peek(table.held, c.name)
@@ -880,7 +893,7 @@ class TransferDock:
             return (flat // table.width).astype(np.int64), (flat % table.width).astype(np.int64)
         g = table.width
         if want % g:
-            raise DockInputError(
+            raise ExperienceInputError(
                 "count",
                 f"{want} is not a multiple of iteration {table.iteration}'s group_size {g}; "
                 "with groups, ask for whole groups",
@@ -965,7 +978,7 @@ class TransferDock:
             c = self._consumer(held.consumer)
             extra = [name for name in columns if name not in c.produces]
             if extra:
-                raise DockInputError(
+                raise ExperienceInputError(
                     "columns",
                     f"consumer {c.name!r} does not produce {extra}; it produces {list(c.produces)} (register another "
                     "consumer, or another name, to write other columns)",
@@ -1039,14 +1052,14 @@ class TransferDock:
 
 def _check_count(field: str, value: Any, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise DockInputError(field, f"{value!r} is not an integer")
+        raise ExperienceInputError(field, f"{value!r} is not an integer")
     if not low <= value <= high:
-        raise DockInputError(field, f"{value} is outside {low}..{high}")
+        raise ExperienceInputError(field, f"{value} is outside {low}..{high}")
 
 
 def _check_name(field: str, name: Any) -> None:
     if not isinstance(name, str) or not name or len(name) > _MAX_NAME or not set(name) <= _NAME_CHARS:
-        raise DockInputError(
+        raise ExperienceInputError(
             field, f"{name!r} is not a name: use 1 to {_MAX_NAME} of lower-case letters, digits, '_', '-' and '.'"
         )
 
@@ -1064,7 +1077,7 @@ def _balanced(values: Iterable[Value], dp_size: int, max_tokens: int | None) -> 
     for n, v in enumerate(values):
         length = len(v) if isinstance(v, np.ndarray | list) else v
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise DockInputError(
+            raise ExperienceInputError(
                 "balance_by", f"row {n} has {v!r} there: balance by an array column or a positive integer one"
             )
         lengths.append(length)
@@ -1073,5 +1086,5 @@ def _balanced(values: Iterable[Value], dp_size: int, max_tokens: int | None) -> 
             lengths, max_tokens_per_microbatch=max_tokens or max(sum(lengths), 1), dp_size=dp_size
         )
     except ValueError as exc:
-        raise DockInputError("dp_size", str(exc)) from None
+        raise ExperienceInputError("dp_size", str(exc)) from None
     return tuple(tuple(plan.permutation(r)) for r in range(dp_size))

@@ -5,7 +5,7 @@ The tables live in the dataserver's state file beside its own (a connection of t
 of their own for an in-process store.
 
 Cells are stored in *chunks*: one SQL row per column per write, holding that write's cells of the column and
-the rows they belong to (``python -m bench dock_throughput`` measures rows and bytes per completion). A
+the rows they belong to (``python -m bench experience_throughput`` measures rows and bytes per completion). A
 row's consumption by a consumer is the collected lease that held it, so consuming writes no row per cell
 either.
 """
@@ -25,16 +25,16 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Chunk", "DockTables", "Lease", "StoredTable", "pack_cells", "unpack_cells"]
+__all__ = ["Chunk", "ExperienceTables", "Lease", "StoredTable", "pack_cells", "unpack_cells"]
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS dock_tables (
+CREATE TABLE IF NOT EXISTS experience_tables (
     iteration INTEGER PRIMARY KEY,
     slots INTEGER NOT NULL,
     group_size INTEGER,
     created_at REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS dock_chunks (
+CREATE TABLE IF NOT EXISTS experience_chunks (
     id INTEGER PRIMARY KEY,
     iteration INTEGER NOT NULL,
     name TEXT NOT NULL,
@@ -42,14 +42,14 @@ CREATE TABLE IF NOT EXISTS dock_chunks (
     indices BLOB,
     cells BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS dock_chunks_by_iteration ON dock_chunks (iteration);
-CREATE TABLE IF NOT EXISTS dock_consumers (
+CREATE INDEX IF NOT EXISTS experience_chunks_by_iteration ON experience_chunks (iteration);
+CREATE TABLE IF NOT EXISTS experience_consumers (
     name TEXT PRIMARY KEY,
     needs TEXT NOT NULL,
     produces TEXT NOT NULL,
     dispatch_size INTEGER
 );
-CREATE TABLE IF NOT EXISTS dock_leases (
+CREATE TABLE IF NOT EXISTS experience_leases (
     lease TEXT PRIMARY KEY,
     consumer TEXT NOT NULL,
     iteration INTEGER NOT NULL,
@@ -58,13 +58,23 @@ CREATE TABLE IF NOT EXISTS dock_leases (
     expires_at REAL NOT NULL,
     state TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS dock_leases_by_iteration ON dock_leases (iteration);
+CREATE INDEX IF NOT EXISTS experience_leases_by_iteration ON experience_leases (iteration);
 """
+
+# Files written before the store's tables were named for it hold them as dock_*; they are renamed on opening.
+_OLD_NAMES = {
+    "dock_tables": "experience_tables",
+    "dock_chunks": "experience_chunks",
+    "dock_consumers": "experience_consumers",
+    "dock_leases": "experience_leases",
+}
+_OLD_INDEXES = ("dock_chunks_by_iteration", "dock_leases_by_iteration")
 
 # The layout before chunks: a SQL row per cell and per consumed row, rows numbered slot × group_size + index.
 _CELL_LAYOUT = """
 ALTER TABLE dock_tables RENAME TO dock_tables_cells;
 ALTER TABLE dock_leases RENAME TO dock_leases_cells;
+ALTER TABLE dock_consumers RENAME TO dock_consumers_cells;
 """
 
 LeaseState = Literal["held", "collected", "expired"]
@@ -130,8 +140,9 @@ def _blob(values: npt.NDArray[np.integer]) -> bytes:
     return np.asarray(values, dtype="<i4").tobytes()
 
 
-class DockTables:
-    """One SQLite connection; its caller (:class:`~proctor.dock.dock.TransferDock`) uses it one call at a time."""
+class ExperienceTables:
+    """One SQLite connection; its caller (:class:`~proctor.experience.store.ExperienceStore`) uses it one call
+    at a time."""
 
     def __init__(
         self, path: str | Path | sqlite3.Connection, *, synchronous: Literal["normal", "full"] = "normal"
@@ -151,11 +162,21 @@ class DockTables:
         if self._exists("dock_cells"):
             with self.transaction():
                 self._from_cell_layout()
+        elif self._exists("dock_tables"):
+            with self.transaction():
+                self._from_old_names()
         self._db.executescript(_SCHEMA)
 
     def _exists(self, table: str) -> bool:
         found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
         return found.fetchone() is not None
+
+    def _from_old_names(self) -> None:
+        for index in _OLD_INDEXES:
+            self._db.execute(f"DROP INDEX IF EXISTS {index}")
+        for old, new in _OLD_NAMES.items():
+            if self._exists(old):
+                self._db.execute(f"ALTER TABLE {old} RENAME TO {new}")
 
     def _from_cell_layout(self) -> None:
         """Move a file of the per-cell layout to chunks: a chunk per column of each table, a lease's flat rows
@@ -165,7 +186,7 @@ class DockTables:
             if statement.strip():
                 self._db.execute(statement)
         self._db.execute(
-            "INSERT INTO dock_tables SELECT iteration, slots, group_size, created_at FROM dock_tables_cells"
+            "INSERT INTO experience_tables SELECT iteration, slots, group_size, created_at FROM dock_tables_cells"
         )
         groups = dict(self._db.execute("SELECT iteration, group_size FROM dock_tables_cells").fetchall())
         columns = self._db.execute("SELECT DISTINCT iteration, name FROM dock_cells").fetchall()
@@ -189,7 +210,10 @@ class DockTables:
             rows = np.frombuffer(rows_blob, dtype="<i8")
             g = groups[iteration]
             self.add_lease(Lease(lease, consumer, iteration, rows // g, rows % g, expires_at, state))
-        for table in ("dock_tables_cells", "dock_leases_cells", "dock_cells", "dock_consumed"):
+        self._db.execute(
+            "INSERT INTO experience_consumers SELECT name, needs, produces, dispatch_size FROM dock_consumers_cells"
+        )
+        for table in ("dock_tables_cells", "dock_leases_cells", "dock_consumers_cells", "dock_cells", "dock_consumed"):
             self._db.execute(f"DROP TABLE IF EXISTS {table}")
 
     def close(self) -> None:
@@ -213,13 +237,13 @@ class DockTables:
     # --- reads at start-up ----------------------------------------------------------------------------------
 
     def tables(self) -> list[StoredTable]:
-        rows = self._db.execute("SELECT iteration, slots, group_size FROM dock_tables ORDER BY iteration")
+        rows = self._db.execute("SELECT iteration, slots, group_size FROM experience_tables ORDER BY iteration")
         return [StoredTable(*r) for r in rows]
 
     def chunks(self) -> Iterator[Chunk]:
         """Every chunk's rows, without its cells."""
         for id_, iteration, name, slots, indices in self._db.execute(
-            "SELECT id, iteration, name, slots, indices FROM dock_chunks ORDER BY id"
+            "SELECT id, iteration, name, slots, indices FROM experience_chunks ORDER BY id"
         ):
             found = _ints(slots)
             assert found is not None
@@ -228,13 +252,13 @@ class DockTables:
     def consumers(self) -> Iterator[tuple[str, tuple[str, ...], tuple[str, ...], int | None]]:
         """Every consumer's (name, needs, produces, dispatch_size)."""
         for name, needs, produces, size in self._db.execute(
-            "SELECT name, needs, produces, dispatch_size FROM dock_consumers"
+            "SELECT name, needs, produces, dispatch_size FROM experience_consumers"
         ):
             yield name, tuple(json.loads(needs)), tuple(json.loads(produces)), size
 
     def leases(self) -> list[Lease]:
         rows = self._db.execute(
-            "SELECT lease, consumer, iteration, slots, indices, expires_at, state FROM dock_leases ORDER BY rowid"
+            "SELECT lease, consumer, iteration, slots, indices, expires_at, state FROM experience_leases ORDER BY rowid"
         )
         out = []
         for lease, c, i, s, k, e, state in rows:
@@ -251,7 +275,7 @@ class DockTables:
         for start in range(0, len(chunks), 500):
             part = chunks[start : start + 500]
             marks = ",".join("?" * len(part))
-            for id_, blob in self._db.execute(f"SELECT id, cells FROM dock_chunks WHERE id IN ({marks})", part):
+            for id_, blob in self._db.execute(f"SELECT id, cells FROM experience_chunks WHERE id IN ({marks})", part):
                 out[id_] = blob
         return out
 
@@ -259,24 +283,24 @@ class DockTables:
 
     def add_table(self, table: StoredTable) -> None:
         self._db.execute(
-            "INSERT INTO dock_tables (iteration, slots, group_size, created_at) VALUES (?, ?, ?, ?)",
+            "INSERT INTO experience_tables (iteration, slots, group_size, created_at) VALUES (?, ?, ?, ?)",
             (table.iteration, table.slots, table.group_size, time.time()),
         )
 
     def set_shape(self, table: StoredTable) -> None:
         self._db.execute(
-            "UPDATE dock_tables SET slots = ?, group_size = ? WHERE iteration = ?",
+            "UPDATE experience_tables SET slots = ?, group_size = ? WHERE iteration = ?",
             (table.slots, table.group_size, table.iteration),
         )
 
     def drop_tables(self, iterations: Sequence[int]) -> None:
         for iteration in iterations:
-            for table in ("dock_tables", "dock_chunks", "dock_leases"):
+            for table in ("experience_tables", "experience_chunks", "experience_leases"):
                 self._db.execute(f"DELETE FROM {table} WHERE iteration = ?", (iteration,))
 
     def add_consumer(self, name: str, needs: Sequence[str], produces: Sequence[str], dispatch_size: int | None) -> None:
         self._db.execute(
-            "INSERT INTO dock_consumers (name, needs, produces, dispatch_size) VALUES (?, ?, ?, ?)",
+            "INSERT INTO experience_consumers (name, needs, produces, dispatch_size) VALUES (?, ?, ?, ?)",
             (name, json.dumps(list(needs)), json.dumps(list(produces)), dispatch_size),
         )
 
@@ -290,7 +314,7 @@ class DockTables:
     ) -> int:
         """Store one write's cells of one column (a :func:`pack_cells` blob); returns the chunk's id."""
         cur = self._db.execute(
-            "INSERT INTO dock_chunks (iteration, name, slots, indices, cells) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO experience_chunks (iteration, name, slots, indices, cells) VALUES (?, ?, ?, ?, ?)",
             (iteration, name, _blob(slots), None if indices is None else _blob(indices), cells),
         )
         assert cur.lastrowid is not None
@@ -298,7 +322,7 @@ class DockTables:
 
     def add_lease(self, lease: Lease) -> None:
         self._db.execute(
-            "INSERT INTO dock_leases (lease, consumer, iteration, slots, indices, expires_at, state)"
+            "INSERT INTO experience_leases (lease, consumer, iteration, slots, indices, expires_at, state)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 lease.lease,
@@ -312,4 +336,6 @@ class DockTables:
         )
 
     def set_lease(self, lease: str, *, state: LeaseState, expires_at: float) -> None:
-        self._db.execute("UPDATE dock_leases SET state = ?, expires_at = ? WHERE lease = ?", (state, expires_at, lease))
+        self._db.execute(
+            "UPDATE experience_leases SET state = ?, expires_at = ? WHERE lease = ?", (state, expires_at, lease)
+        )

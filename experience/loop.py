@@ -6,14 +6,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from proctor.dock.dock import Collected, Dispatch
-from proctor.dock.values import Value
+from proctor.experience.store import Collected, Dispatch
+from proctor.experience.values import Value
 
-__all__ = ["Dock", "consume"]
+__all__ = ["ExperienceLike", "consume"]
 
 
-class Dock(Protocol):
-    """What both faces of the store offer a worker (``TransferDock`` and ``proctor.client.dock.DockClient``)."""
+class ExperienceLike(Protocol):
+    """What both faces of the store offer a worker (``ExperienceStore`` and
+    ``proctor.client.experience.ExperienceClient``)."""
 
     def dispatch(
         self,
@@ -36,7 +37,7 @@ class Dock(Protocol):
 
 
 def consume(
-    dock: Dock,
+    experience: ExperienceLike,
     consumer: str,
     iteration: int,
     work: Callable[[Dispatch], Mapping[str, Sequence[Value]]],
@@ -53,8 +54,8 @@ def consume(
     Returns the rows this call consumed."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     done = 0
-    while not dock.all_consumed(consumer, iteration):
-        batch = dock.dispatch(consumer, count, iteration=iteration, groups=groups, lease_s=lease_s)
+    while not experience.all_consumed(consumer, iteration):
+        batch = experience.dispatch(consumer, count, iteration=iteration, groups=groups, lease_s=lease_s)
         if batch.lease is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(
@@ -63,6 +64,6 @@ def consume(
                 )
             time.sleep(poll_s)
             continue
-        dock.collect(batch.lease, work(batch))
+        experience.collect(batch.lease, work(batch))
         done += len(batch)
     return done
