@@ -25,6 +25,7 @@ from proctor.server.metrics import Metrics
 __all__ = ["ApiKeyMiddleware", "BodyLimitMiddleware", "JsonBodyMiddleware", "RequestMetricsMiddleware"]
 
 access_log = logging.getLogger("proctor.access")
+_PROBES = frozenset({"/healthz", "/metrics"})
 
 
 async def _send_json(
@@ -191,7 +192,11 @@ class RequestMetricsMiddleware:
             self.metrics.latency.labels(method, label).observe(elapsed)
             iteration = scope.get("state", {}).get("iteration")
             latency_ms = round(elapsed * 1000, 2)
-            access_log.info(
+            # A health check or a scrape every few seconds would bury the requests that matter: a probe that
+            # succeeds is logged at DEBUG (its count and latency are in the metrics either way).
+            probe = label in _PROBES and status < 400
+            access_log.log(
+                logging.DEBUG if probe else logging.INFO,
                 "%s %s %d %.1fms%s",
                 method,
                 scope["path"],

@@ -7,6 +7,7 @@ state volume), and the port onto a free one. The image build itself needs a Dock
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -177,3 +178,29 @@ def test_the_dashboard_only_uses_metrics_the_server_exports(live_server: Any) ->
             available |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
     assert used <= available, used - available
     assert {"proctor_current_stage", "proctor_stage_rolling_reward", "proctor_grader_errors_total"} <= used
+
+
+def test_a_build_without_a_target_builds_the_dataserver() -> None:
+    # `docker build -f docker/Dockerfile -t proctor .` (the documented command) builds the last stage: it must be
+    # the dataserver, not the trainer with torch under the tag compose runs the dataserver from.
+    text = (DOCKER / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM \S+ AS (\S+)$", text, flags=re.MULTILINE)
+    assert stages[-1] == "server"
+    assert "docker build -f docker/Dockerfile -t proctor ." in text
+    assert compose()["services"]["dataserver"]["build"]["target"] == "server"
+    # The trainer is not a server: it has no health check, and none of the server's PROCTOR_* defaults.
+    trainer = dockerfile_stage("trainer")
+    assert "healthcheck" not in trainer
+    assert not any(name.startswith("PROCTOR_") for name in trainer["env"])
+
+
+def test_the_build_context_leaves_out_local_files_and_keeps_what_the_image_copies() -> None:
+    ignored = [
+        line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip()[:1] not in ("", "#")
+    ]
+    for local in (".git", ".venv", "build", ".proctor", "*.db", "bench/results"):
+        assert local in ignored, local
+    copied = re.findall(r"^COPY (\S+) ", (DOCKER / "Dockerfile").read_text(), flags=re.MULTILINE)
+    assert {"pyproject.toml", "README.md", "server", "cli"} <= set(copied)
+    for path in copied:
+        assert not any(fnmatch.fnmatch(path, pattern) for pattern in ignored), path

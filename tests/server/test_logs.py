@@ -53,16 +53,19 @@ def test_configure_picks_the_format(restore_logging: None) -> None:
 
 
 async def test_one_access_line_per_request(open_client: Callable[..., Any], caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="proctor.access")
+    caplog.set_level(logging.DEBUG, logger="proctor.access")
     async with open_client() as c:
         await c.post("/sample", json={"iteration": 4, "batch_size": 2})
         await c.post("/sample", json={"iteration": -1, "batch_size": 2})
         await c.get("/healthz")
+        await c.get("/metrics")
     lines = [r for r in caplog.records if r.name == "proctor.access"]
-    assert [" ".join(r.getMessage().split()[:3]) for r in lines] == [
-        "POST /sample 200",
-        "POST /sample 422",
-        "GET /healthz 200",
+    assert [(" ".join(r.getMessage().split()[:3]), r.levelname) for r in lines] == [
+        ("POST /sample 200", "INFO"),
+        ("POST /sample 422", "INFO"),
+        # Health checks and scrapes that succeed stay out of the INFO log: a probe every 10 s would bury it.
+        ("GET /healthz 200", "DEBUG"),
+        ("GET /metrics 200", "DEBUG"),
     ]
     assert lines[0].getMessage().endswith(" iteration=4")
     first = lines[0]
