@@ -1,0 +1,130 @@
+"""docker/ on a real Docker engine: the image built, compose's dataserver up, the docs' curl tour against the
+container, and its state kept across a stop and a start.
+
+The base image comes from Debian's packages (``docker/debian-base.sh``: debootstrap, then ``docker import``), or
+from ``PROCTOR_TEST_BASE_IMAGE`` where a registry is reachable (``python:3.11-slim``). Without a running engine
+(``dockerd``) the module is skipped, saying so; ``.ci/run`` starts one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proctor.cli.launcher import free_port
+from tests.conftest import system_command
+from tests.e2e.test_readme import readme_examples
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker" / "compose.yaml"
+IMAGE = "proctor-e2e:test"
+BASE = "proctor-base:bookworm"
+pytestmark = pytest.mark.e2e
+
+
+def docker(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+    run = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert run.returncode == 0, f"docker {' '.join(args)}:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
+    return run
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    """The dataserver's image, built from this checkout."""
+    if shutil.which("docker") is None or docker("info", check=False, timeout=30).returncode != 0:
+        pytest.skip("needs a running Docker engine: apt-get install docker.io, then start dockerd")
+    base = os.environ.get("PROCTOR_TEST_BASE_IMAGE", BASE)
+    if docker("image", "inspect", base, check=False).returncode != 0:
+        if base != BASE or os.geteuid() != 0 or shutil.which("debootstrap") is None:
+            pytest.skip(
+                f"no image {base}, and building {BASE} needs root and debootstrap (apt-get install debootstrap)"
+            )
+        build = subprocess.run(
+            [str(ROOT / "docker" / "debian-base.sh"), BASE], capture_output=True, text=True, timeout=900
+        )
+        assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    args = ["build", "-f", "docker/Dockerfile", "--target", "server", "--build-arg", f"BASE_IMAGE={base}"]
+    built = subprocess.run(["docker", *args, "-t", IMAGE, "."], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return IMAGE
+
+
+@dataclass
+class Deployment:
+    url: str
+    project: str
+    env: dict[str, str]
+
+    def compose(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        command = [system_command("docker-compose"), "-f", str(COMPOSE), "-p", self.project, *args]
+        run = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
+        assert run.returncode == 0, f"{' '.join(args)}:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
+        return run
+
+    def container(self) -> str:
+        return self.compose("ps", "-q", "dataserver").stdout.strip()
+
+    def wait_until_healthy(self) -> None:
+        """Up, and healthy by the image's own health check (as Docker runs it)."""
+        deadline = time.monotonic() + 180  # a liveness bound: the first health check comes 10 s after start
+        while True:
+            status = docker("inspect", "--format", "{{.State.Health.Status}}", self.container()).stdout.strip()
+            if status == "healthy":
+                return
+            assert time.monotonic() < deadline, f"the dataserver is {status}:\n{self.compose('logs').stdout[-3000:]}"
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def deployment(image: str) -> Iterator[Deployment]:
+    """compose's dataserver on a free loopback port, with a fresh state volume."""
+    port = free_port()
+    env = {**os.environ, "PROCTOR_IMAGE": image, "PROCTOR_PUBLISH": f"127.0.0.1:{port}"}
+    d = Deployment(f"http://127.0.0.1:{port}", f"proctor-e2e-{os.getpid()}", env)
+    d.compose("up", "-d", "--no-build", "dataserver", timeout=300)
+    try:
+        d.wait_until_healthy()
+        yield d
+    finally:
+        d.compose("down", "--volumes", timeout=300)
+
+
+def test_the_docs_curl_tour_runs_against_the_container(deployment: Deployment) -> None:
+    system_command("curl")
+    env = {**os.environ, "PROCTOR_URL": deployment.url}
+    examples = readme_examples()
+    assert len(examples) >= 8
+    for command, out_lang, expected in examples:
+        result = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, (command, result.stderr)
+        if out_lang == "json":
+            assert json.loads(result.stdout) == json.loads(expected), command
+        else:
+            assert result.stdout.strip() == expected.strip(), command
+
+
+def test_the_state_survives_a_stop_and_a_start(deployment: Deployment) -> None:
+    body = {"iteration": 50, "batch_size": 4}
+    first = httpx.post(deployment.url + "/sample", json=body, timeout=30)
+    assert first.status_code == 200, first.text
+    before = httpx.get(deployment.url + "/curriculum", timeout=30).json()
+    deployment.compose("stop", "dataserver")  # SIGTERM, as for any stop
+    deployment.compose("start", "dataserver")
+    deployment.wait_until_healthy()
+    again = httpx.post(deployment.url + "/sample", json=body, timeout=30)
+    assert again.json() == first.json()  # the same batch, read back from the volume
+    after = httpx.get(deployment.url + "/curriculum", timeout=30).json()
+    assert (after["last_iteration"], after["transitions"]) == (before["last_iteration"], before["transitions"])
+    logs = deployment.compose("logs", "--no-color", "dataserver").stdout
+    assert "stopped: grader processes ended" in logs  # the stop was a clean shutdown
+    assert "GET /healthz" not in logs  # the health checks stay out of the INFO log
