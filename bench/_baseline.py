@@ -32,7 +32,8 @@ def checkout(ref: str = BASELINE) -> Iterator[tuple[dict[str, str], str]]:
         try:
             package = Path(tmp) / "path" / "proctor"
             package.mkdir(parents=True)
-            for name in ("server", "client", "curricula", "cli", "experience", "batching"):
+            # `dock` is the experience store's folder in commits from before it took that name.
+            for name in ("server", "client", "curricula", "cli", "experience", "dock", "batching"):
                 if (tree / name).is_dir():
                     (package / name).symlink_to(tree / name)
             module = "proctor.cli" if (tree / "cli").is_dir() else "proctor.server.cli"

@@ -20,15 +20,16 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bench._baseline import available, checkout
 from bench._results import save
-from proctor.cli.launcher import ServerProcess
-from proctor.client import ExperienceClient
 from proctor.experience import ExperienceStore
+
+if TYPE_CHECKING:
+    from proctor.client import ExperienceClient
 
 SLOTS, GROUP, TOKENS = 256, 4, 512
 ROWS = SLOTS * GROUP
@@ -61,6 +62,10 @@ def _measure(
 
 
 def run(steps: int) -> list[dict[str, Any]]:
+    # Here, not at the top: before() imports this module against another commit's server and client.
+    from proctor.cli.launcher import ServerProcess
+    from proctor.client import ExperienceClient
+
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for encoding in ("binary", "json"):
@@ -90,15 +95,15 @@ COST_SLOTS, COST_GROUP, COST_STEPS = 16, 4, 20
 CELL_LAYOUT = "79db5ef"  # the last commit whose store kept a SQL row per cell
 
 
-def storage_cost(steps: int = COST_STEPS) -> dict[str, float]:
+def storage_cost(steps: int = COST_STEPS, store: type[ExperienceStore] = ExperienceStore) -> dict[str, float]:
     """SQL rows written and bytes on disk per graded completion, for ``steps`` steps written as the dataserver
     writes them (prompt columns, completions, the grader role's lease and rewards); the store's own tables
-    only."""
+    only. ``store`` is the store's class (another commit's, for :func:`before`)."""
     rng = np.random.default_rng(0)
     rows = [(s, k) for s in range(COST_SLOTS) for k in range(COST_GROUP)]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "cost.db")
-        experience = ExperienceStore(path, keep_iterations=steps + 1)
+        experience = store(path, keep_iterations=steps + 1)
         experience.register("grader", needs=["sample_id", "completion"], produces=["reward", "reward_detail"])
         for step in range(steps):
             experience.open(step, slots=COST_SLOTS, group_size=COST_GROUP)
@@ -122,7 +127,7 @@ def storage_cost(steps: int = COST_STEPS) -> dict[str, float]:
         db = sqlite3.connect(path)
         tables = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         sql_rows = sum(
-            db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables if t != "experience_consumers"
+            db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables if not t.endswith("_consumers")
         )
         db.execute("VACUUM")
         db.close()
@@ -133,10 +138,10 @@ def storage_cost(steps: int = COST_STEPS) -> dict[str, float]:
         }
 
 
-def in_process(steps: int = 5) -> dict[str, float]:
+def in_process(steps: int = 5, store: type[ExperienceStore] = ExperienceStore) -> dict[str, float]:
     """Rows per second written and read in-process, binary encoding (a row of :func:`run`)."""
     with tempfile.TemporaryDirectory() as tmp:
-        experience = ExperienceStore(Path(tmp, "inproc.db"), keep_iterations=steps + 1)
+        experience = store(Path(tmp, "inproc.db"), keep_iterations=steps + 1)
         try:
             return _measure(experience, "binary", steps)
         finally:
@@ -149,7 +154,11 @@ def before(what: str, ref: str = CELL_LAYOUT) -> dict[str, float] | None:
     if not available(ref):
         return None
     with checkout(ref) as (env, _module):
-        code = f"import json; from bench.experience_throughput import {what}; print(json.dumps({what}()))"
+        # That commit's store, under the name it had then.
+        code = (
+            "import json; from proctor.dock import TransferDock; from bench.experience_throughput import "
+            f"{what}; print(json.dumps({what}(store=TransferDock)))"
+        )
         pythonpath = f"{env['PYTHONPATH']}:{Path(__file__).resolve().parents[1]}"
         done = subprocess.run(
             [sys.executable, "-c", code], env={"PYTHONPATH": pythonpath}, capture_output=True, text=True, check=True
