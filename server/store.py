@@ -363,8 +363,8 @@ class Store:
                 f"state file {self.path} belongs to curriculum {meta.get('curriculum')!r} "
                 f"(hash {meta.get('curriculum_hash')}, seed {meta.get('seed')}), but the server loaded "
                 f"{curriculum!r} (hash {curriculum_hash}, seed {seed}). The curriculum, its data or its seed "
-                "changed since this state was written: start a new state with another --state path "
-                "(or delete this file to discard the old run)"
+                "changed since this state was written: start a new run with another --run name or --state path "
+                "(PROCTOR_RUN, PROCTOR_STATE), or discard this one with --fresh"
             )
 
     # --- iterations -------------------------------------------------------------------------------------

@@ -116,4 +116,4 @@ def test_a_state_file_of_another_curriculum_is_refused(
     with pytest.raises(RuntimeError, match="server exited with 2") as info:
         server_process([str(curriculum_file), "--state", str(state), "--seed", "6", "--grader-workers", "1"])
     assert "belongs to curriculum 'tiny'" in str(info.value)
-    assert "start a new state with another --state path" in str(info.value)
+    assert "start a new run with another --run name or --state path (PROCTOR_RUN, PROCTOR_STATE)" in str(info.value)

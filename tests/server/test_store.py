@@ -28,7 +28,7 @@ def test_a_state_file_belongs_to_one_curriculum(tmp_path: Path) -> None:
     other = Store(tmp_path / "s.db")
     with pytest.raises(StateMismatchError, match=r"belongs to curriculum 'tiny' \(hash abc, seed 1\)") as info:
         other.bind(curriculum="tiny", curriculum_hash="def", seed=1)
-    assert "start a new state with another --state path" in str(info.value)
+    assert "start a new run with another --run name or --state path (PROCTOR_RUN, PROCTOR_STATE)" in str(info.value)
     with pytest.raises(StateMismatchError, match="seed 2"):
         other.bind(curriculum="tiny", curriculum_hash="abc", seed=2)
     other.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
