@@ -332,7 +332,7 @@ def test_quality_on_a_large_lognormal_batch(dp: int) -> None:
     assert plan.padding_ratio <= 1.02
     assert plan.imbalance <= 1.01
     # A liveness bound for the pure-Python planner (it plans in ~2-10 ms); the benchmark reports real times.
-    assert elapsed < 0.5
+    assert elapsed < 5
     check_plan(plan, lengths, 16384, 1, dp, 1)
 
 

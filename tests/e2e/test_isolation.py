@@ -44,7 +44,7 @@ def test_hung_graders_do_not_stall_the_server(server_process: Callable[..., Any]
     for t in threads:
         t.join(timeout=30)
     # Not a performance claim (that is bench/'s job): a liveness bound, far above normal and far below a stall.
-    assert slowest < 0.5
+    assert slowest < 2.0
     assert busy, "the hung graders should still have been running while /healthz was probed"
     assert [r.status_code for r in results] == [200] * 4
     for response in results:

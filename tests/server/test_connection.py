@@ -16,6 +16,9 @@ from proctor.cli.launcher import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
+# A liveness bound, several times the 1 s deadlines under test: it fails on a hang, not on a busy machine.
+ALIVE_S = 8.0
+
 Start = Callable[..., ServerProcess]
 
 
@@ -120,8 +123,8 @@ def test_an_oversized_header_gets_431_at_once(server_process: Start, curriculum_
     elapsed = time.monotonic() - started
 
     _assert_refused(status, headers, body, 431, "longer than 16384 bytes", "PROCTOR_MAX_HEADER_BYTES")
-    assert elapsed < 3.0, f"the refusal took {elapsed:.1f}s"
-    assert _healthz_seconds(server) < 1.0
+    assert elapsed < ALIVE_S, f"the refusal took {elapsed:.1f}s"
+    assert _healthz_seconds(server) < ALIVE_S
     assert "HTTP 431, connection closed" in server.output()
 
 
@@ -139,7 +142,7 @@ def test_too_many_header_fields_get_431(server_process: Start, curriculum_file: 
         status, headers, body = _read_response(sock)
         assert _closed(sock, 4.0)
     _assert_refused(status, headers, body, 431, "more than 20 header fields", "PROCTOR_MAX_HEADERS")
-    assert _healthz_seconds(server) < 1.0
+    assert _healthz_seconds(server) < ALIVE_S
 
 
 def test_slowloris_connections_are_closed_and_healthz_stays_fast(server_process: Start, curriculum_file: Path) -> None:
@@ -199,13 +202,14 @@ def test_slowloris_connections_are_closed_and_healthz_stays_fast(server_process:
             sock.close()
 
     assert len(held_probes) >= 3, "too few /healthz probes ran while the slow connections were held"
-    assert max(held_probes) < 0.1, held_probes
+    # A loop held by the slow connections would keep a probe waiting for their 1 s deadline.
+    assert max(held_probes) < 0.5, held_probes
     assert len(closed_after) == len(conns), f"{len(conns) - len(closed_after)} slow connections still open"
-    assert max(closed_after.values()) < 4.0, sorted(closed_after.values())[-5:]
-    assert 0.9 < quiet_took < 4.0
+    assert max(closed_after.values()) < ALIVE_S, sorted(closed_after.values())[-5:]
+    assert 0.9 < quiet_took < ALIVE_S  # not before the 1 s deadline; the bound only catches a hang
     for status, headers, body in answers:
         _assert_refused(status, headers, body, 408, "headers not received within 1s", "PROCTOR_HEADER_TIMEOUT_S")
-    assert _healthz_seconds(server) < 1.0
+    assert _healthz_seconds(server) < ALIVE_S
 
 
 def test_a_body_that_never_arrives_gets_408(server_process: Start, curriculum_file: Path) -> None:
@@ -218,8 +222,8 @@ def test_a_body_that_never_arrives_gets_408(server_process: Start, curriculum_fi
         took = time.monotonic() - started
         assert _closed(sock, 4.0)
     _assert_refused(status, headers, body, 408, "body not received within 1s", "PROCTOR_BODY_TIMEOUT_S")
-    assert 0.9 < took < 4.0
-    assert _healthz_seconds(server) < 1.0
+    assert 0.9 < took < ALIVE_S  # not before the 1 s deadline; the bound only catches a hang
+    assert _healthz_seconds(server) < ALIVE_S
     assert "HTTP 408, connection closed: request body not received" in server.output()
     assert "Exception in ASGI application" not in server.output()  # the route saw a disconnect, not a crash
 
@@ -278,4 +282,4 @@ def test_past_max_connections_requests_get_503_until_others_close(server_process
             break
         time.sleep(0.05)
     assert statuses[-1] == 200, statuses
-    assert _healthz_seconds(server) < 1.0
+    assert _healthz_seconds(server) < ALIVE_S

@@ -164,7 +164,7 @@ async def test_huge_batch_is_refused_without_work(client: httpx.AsyncClient) -> 
     started = time.perf_counter()
     response = await client.post("/sample", json={"iteration": 0, "batch_size": 100_000_000})
     assert response.status_code == 422
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 10  # a liveness bound: building that batch would take minutes
     assert (await client.get("/curriculum")).json()["last_iteration"] is None
 
 
