@@ -213,8 +213,9 @@ class Rollouts:
         return recorded.collected
 
     def _stage_of(self, step: int) -> int:
-        # Read on the store's thread: a sampled step's stage is fixed once it is sampled (the schedule only
-        # grows past the latest step), so reading it beside the event loop is safe.
+        # Read on the store's thread, beside the event loop: a sampled step's stage is fixed once it is sampled
+        # (the schedule only grows past the latest step), and StageSchedule.apply appends each transition before
+        # its iteration, so a read between the two sees a consistent prefix.
         return self.ctx.progress.stage_of(step)
 
     async def _counted(self, recorded: Recorded) -> None:

@@ -99,5 +99,6 @@ class StageSchedule:
         for t in records:
             if self._at and t.iteration < self._at[-1]:
                 raise ValueError(f"transition at {t.iteration} comes before the recorded one at {self._at[-1]}")
+            # In this order: stage_of is also read from the store's thread, and bisects _at into transitions.
             self.transitions.append(t)
             self._at.append(t.iteration)
