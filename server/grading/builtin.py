@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILTIN_GRADERS",
+    "FAST_VERDICTS",
     "REASONING_GYM_INSTALL",
     "REASONING_GYM_METADATA",
     "exact_match",
@@ -464,6 +465,30 @@ def reasoning_gym(sample: GradeInput, /) -> float:
     scorer, entry = _reasoning_gym_entry(sample)
     extract_answer = import_reasoning_gym("the reasoning_gym grader", "reasoning_gym.utils").extract_answer
     return float(scorer(extract_answer(sample.response), entry))
+
+
+def _math_fast(sample: GradeInput, /, *, timeout_s: float = 5) -> float | None:
+    if sample.answer is None or not timeout_s > 0:
+        return None  # the grader's own error, from a grader process
+    return _plain_verdict(sample.answer, sample.response)
+
+
+def _exact_match_fast(
+    sample: GradeInput, /, *, case_sensitive: bool = False, normalize_whitespace: bool = True
+) -> float | None:
+    if sample.answer is None:
+        return None
+    return exact_match(sample, case_sensitive=case_sensitive, normalize_whitespace=normalize_whitespace)
+
+
+FAST_VERDICTS: Mapping[str, Callable[..., float | None]] = MappingProxyType(
+    {"math": _math_fast, "exact_match": _exact_match_fast}
+)
+"""Built-in graders whose verdict the server may reach in its own process, where it is cheap and bounded: a
+few string operations and linear-time regular expressions over a completion of bounded length, and exact
+arithmetic on numbers of at most 4,300 digits (Python's limit for reading one). ``fn(sample, **params)`` is
+the grader's score, or ``None`` where only the grader process can decide (``math`` handing over to
+math-verify, a missing reference, a bad parameter)."""
 
 
 BUILTIN_GRADERS: Mapping[str, GraderFn] = MappingProxyType(

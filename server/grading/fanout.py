@@ -1,5 +1,6 @@
-"""Sends completions to every grader of their source at once: the local graders in the process pool, each
-remote grader in one HTTP request per ``/grade`` request, side by side."""
+"""Sends completions to every grader of their source at once: the local graders in the process pool (or, for
+the built-in verdicts that are cheap and bounded, here), each remote grader in one HTTP request per
+``/grade`` request, side by side."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from collections.abc import Sequence
 import httpx
 
 from proctor.server.grading.base import GradeInput
+from proctor.server.grading.builtin import FAST_VERDICTS
 from proctor.server.grading.outcome import GraderOutcome
 from proctor.server.grading.pool import GraderPool, Task
-from proctor.server.grading.registry import RemoteGrader, SourceGraders
+from proctor.server.grading.registry import BUILTIN_PREFIX, LocalGrader, RemoteGrader, SourceGraders
 from proctor.server.grading.remote import grade_remote
 from proctor.server.metrics import Metrics
+from proctor.server.pacing import paced
 
 __all__ = ["GraderFanout"]
 
@@ -47,7 +50,16 @@ class GraderFanout:
     async def _local(
         self, work: Sequence[tuple[SourceGraders, GradeInput]], outcomes: list[dict[str, GraderOutcome]]
     ) -> None:
-        indexes = [n for n, (graders, _) in enumerate(work) if graders.local]
+        # A completion whose local graders all reach a verdict here (plain numbers, exact matches) skips the
+        # round trip to a grader process; the rest go there, with their time limits.
+        indexes = []
+        async for n in paced([n for n, (graders, _) in enumerate(work) if graders.local]):
+            graders, sample = work[n]
+            fast = _fast_outcomes(graders.local, sample)
+            if fast is None:
+                indexes.append(n)
+            else:
+                outcomes[n].update(fast)
         if not indexes:
             return
         tasks: list[Task] = [(work[n][0].local, work[n][1]) for n in indexes]
@@ -69,3 +81,21 @@ class GraderFanout:
         results = await grade_remote(self.http, grader, [work[n][1] for n in indexes])
         for n, o in zip(indexes, results, strict=True):
             outcomes[n][grader.key] = o
+
+
+def _fast_outcomes(graders: Sequence[LocalGrader], sample: GradeInput) -> dict[str, GraderOutcome] | None:
+    """Every grader's outcome reached in this process (:data:`~proctor.server.grading.builtin.FAST_VERDICTS`),
+    or None when any of them needs a grader process."""
+    out: dict[str, GraderOutcome] = {}
+    for g in graders:
+        fast = FAST_VERDICTS.get(g.ref.removeprefix(BUILTIN_PREFIX)) if g.ref.startswith(BUILTIN_PREFIX) else None
+        if fast is None:
+            return None
+        try:
+            score = fast(sample, **g.params)
+        except (TypeError, ValueError, ArithmeticError):
+            return None  # a bad parameter or an unreadable number: the grader process says what is wrong
+        if score is None:
+            return None
+        out[g.key] = GraderOutcome.scored(score)
+    return out
