@@ -6,6 +6,7 @@ nothing reads the environment at import time.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -132,12 +133,21 @@ class Settings(BaseSettings):
         return path
 
 
+# Settings under a name they had before, and the name they have now.
+_RENAMED = {"PROCTOR_DOCK_KEEP_ITERATIONS": "PROCTOR_EXPERIENCE_KEEP_ITERATIONS"}
+
+
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment (and ``.env``) with explicit overrides on top.
 
     Raises :class:`SettingsError` naming the offending ``PROCTOR_*`` variable, so that a bad value stops
     start-up with a message an operator can act on.
     """
+    for old, new in _RENAMED.items():
+        if old in os.environ:
+            # An unknown PROCTOR_* variable is ignored: a setting under its former name would silently take the
+            # default instead of the value the operator set.
+            raise SettingsError(f"invalid configuration:\n  {old} is now {new}: set that instead")
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
     except ValidationError as exc:

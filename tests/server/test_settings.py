@@ -89,3 +89,12 @@ def test_the_docs_list_every_setting() -> None:
     table = page.split("## Configuration", 1)[1].split("## Command line", 1)[0]
     listed = set(re.findall(r"^\| `PROCTOR_([A-Z_]+)` \|", table, flags=re.MULTILINE))
     assert listed == {name.upper() for name in Settings.model_fields}
+
+
+def test_a_setting_under_its_former_name_is_refused_with_the_name_to_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROCTOR_DOCK_KEEP_ITERATIONS", "100")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert str(info.value) == (
+        "invalid configuration:\n  PROCTOR_DOCK_KEEP_ITERATIONS is now PROCTOR_EXPERIENCE_KEEP_ITERATIONS: set that instead"
+    )
