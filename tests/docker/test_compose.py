@@ -77,7 +77,9 @@ def test_the_compose_dataserver_runs_here(tmp_path: Path) -> None:
         source, target, *_ = volume.split(":")
         if source.startswith("."):  # a bind mount, relative to the compose file
             mounts[target] = (DOCKER / source).resolve()
-    env = {**image["env"], **{k: substitute(str(v)) for k, v in service["environment"].items()}}
+    # A variable without a value is passed on from the shell when it is set there (none is, here).
+    given = {k: substitute(str(v)) for k, v in service["environment"].items() if v is not None}
+    env = {**image["env"], **given}
     env = {k: host_path(v, mounts) for k, v in env.items()}
     port = free_port()
     env["PROCTOR_PORT"] = str(port)
@@ -143,7 +145,9 @@ def test_the_image_copies_every_installed_folder() -> None:
         assert f"COPY {folder} ./{folder}" in text, folder
 
 
-@pytest.mark.parametrize("profiles", [[], ["train"], ["monitoring"]], ids=["default", "train", "monitoring"])
+@pytest.mark.parametrize(
+    "profiles", [[], ["train"], ["monitoring"], ["cluster"]], ids=["default", "train", "monitoring", "cluster"]
+)
 def test_a_real_compose_implementation_accepts_the_file(profiles: list[str]) -> None:
     args = [a for p in profiles for a in ("--profile", p)]
     docker_compose = system_command("docker-compose")

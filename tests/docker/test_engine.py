@@ -1,5 +1,6 @@
 """docker/ on a real Docker engine: the image built, compose's dataserver up, the docs' curl tour against the
-container, and its state kept across a stop and a start.
+container, its state kept across a stop and a start, and the cluster profile's grade-worker service scaled to
+two containers that do the grading.
 
 The base image comes from Debian's packages (``docker/debian-base.sh``: debootstrap, then ``docker import``), or
 from ``PROCTOR_TEST_BASE_IMAGE`` where a registry is reachable (``python:3.11-slim``). Without a running engine
@@ -8,6 +9,7 @@ from ``PROCTOR_TEST_BASE_IMAGE`` where a registry is reachable (``python:3.11-sl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -66,7 +68,9 @@ class Deployment:
     env: dict[str, str]
 
     def compose(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        command = [system_command("docker-compose"), "-f", str(COMPOSE), "-p", self.project, *args]
+        # The cluster profile named always: `up` starts what is asked for, and `down` stops all of it.
+        command = [system_command("docker-compose"), "-f", str(COMPOSE), "-p", self.project, "--profile", "cluster"]
+        command += args
         run = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
         assert run.returncode == 0, f"{' '.join(args)}:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
         return run
@@ -85,18 +89,25 @@ class Deployment:
             time.sleep(1)
 
 
-@pytest.fixture(scope="module")
-def deployment(image: str) -> Iterator[Deployment]:
-    """compose's dataserver on a free loopback port, with a fresh state volume."""
+@contextlib.contextmanager
+def deployed(image: str, name: str, *up: str, **env: str) -> Iterator[Deployment]:
+    """``docker-compose up -d UP…`` on a free loopback port, with a fresh state volume; down at the end."""
     port = free_port()
-    env = {**os.environ, "PROCTOR_IMAGE": image, "PROCTOR_PUBLISH": f"127.0.0.1:{port}"}
-    d = Deployment(f"http://127.0.0.1:{port}", f"proctor-e2e-{os.getpid()}", env)
-    d.compose("up", "-d", "--no-build", "dataserver", timeout=300)
+    environment = {**os.environ, "PROCTOR_IMAGE": image, "PROCTOR_PUBLISH": f"127.0.0.1:{port}", **env}
+    d = Deployment(f"http://127.0.0.1:{port}", f"proctor-e2e-{name}-{os.getpid()}", environment)
     try:
+        d.compose("up", "-d", "--no-build", *up, timeout=300)
         d.wait_until_healthy()
         yield d
     finally:
         d.compose("down", "--volumes", timeout=300)
+
+
+@pytest.fixture(scope="module")
+def deployment(image: str) -> Iterator[Deployment]:
+    """compose's dataserver alone."""
+    with deployed(image, "single", "dataserver") as d:
+        yield d
 
 
 def test_the_docs_curl_tour_runs_against_the_container(deployment: Deployment) -> None:
@@ -128,3 +139,21 @@ def test_the_state_survives_a_stop_and_a_start(deployment: Deployment) -> None:
     logs = deployment.compose("logs", "--no-color", "dataserver").stdout
     assert "stopped: grader processes ended" in logs  # the stop was a clean shutdown
     assert "GET /healthz" not in logs  # the health checks stay out of the INFO log
+
+
+def test_scaled_grade_workers_take_the_grader_role(image: str) -> None:
+    # No grader processes in the dataserver: its /grade is answered only if the two workers grade.
+    with deployed(image, "cluster", "--scale", "grade-worker=2", PROCTOR_GRADER_WORKERS="0") as d:
+        workers = d.compose("ps", "-q", "grade-worker").stdout.split()
+        assert len(workers) == 2
+        batch = httpx.post(d.url + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30).json()
+        items = [{"sample_id": s["sample_id"], "slot": s["slot"], "completion": "7"} for s in batch["samples"]]
+        graded = httpx.post(d.url + "/grade", json={"iteration": 0, "items": items}, timeout=120)
+        assert graded.status_code == 200, graded.text
+        assert [r["error"] for r in graded.json()["results"]] == [None] * 4
+        dispatched = [
+            line
+            for line in httpx.get(d.url + "/metrics", timeout=30).text.splitlines()
+            if line.startswith('proctor_requests_total{method="POST",route="/experience/leases/{lease}/collect"')
+        ]
+        assert dispatched, "no grade-worker collected a lease"
