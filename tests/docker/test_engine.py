@@ -93,7 +93,9 @@ class Deployment:
 def deployed(image: str, name: str, *up: str, **env: str) -> Iterator[Deployment]:
     """``docker-compose up -d UP…`` on a free loopback port, with a fresh state volume; down at the end."""
     port = free_port()
-    environment = {**os.environ, "PROCTOR_IMAGE": image, "PROCTOR_PUBLISH": f"127.0.0.1:{port}", **env}
+    # None of the shell's PROCTOR_* variables (an API key, say): compose would pass them into the container.
+    shell = {k: v for k, v in os.environ.items() if not k.startswith("PROCTOR_")}
+    environment = {**shell, "PROCTOR_IMAGE": image, "PROCTOR_PUBLISH": f"127.0.0.1:{port}", **env}
     d = Deployment(f"http://127.0.0.1:{port}", f"proctor-e2e-{name}-{os.getpid()}", environment)
     try:
         d.compose("up", "-d", "--no-build", *up, timeout=300)
