@@ -13,7 +13,7 @@ PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip
 # implementation checks docker/compose.yaml) and chromium (the live page, headless). Each command is its package.
 SYSTEM_PACKAGES := curl docker-compose chromium
 
-.PHONY: serve test train demo system-packages lint typecheck format docs bench clean
+.PHONY: serve test test-fast train demo system-packages lint typecheck format docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ system-packages:
 
 test: system-packages $(VENV)/.dev-installed lint typecheck docs
 	$(BIN)/python -m pytest
+
+# pytest without the slowest tests (marked e2e: server processes, a Docker engine, a browser), for the edit-test
+# loop; `make test` runs them all.
+test-fast: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest -m "not e2e"
 
 # A dataserver on curricula/arithmetic.yaml and GRPO on a tiny offline model across its first stage boundary.
 demo: $(VENV)/.train-installed

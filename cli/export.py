@@ -35,7 +35,9 @@ def export(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"proctor export: {exc}", file=sys.stderr)
         return 2
-    client = ProctorClient(args.server, api_key=args.api_key or os.environ.get("PROCTOR_API_KEY"))
+    # A command run by hand: two retries (under a second) ride out a blip, where a trainer's client waits out
+    # a restarting server for 15 s, and the answer to a wrong --server comes at once.
+    client = ProctorClient(args.server, api_key=args.api_key or os.environ.get("PROCTOR_API_KEY"), retries=2)
     try:
         rows = export_rollouts(
             ExperienceClient(client=client),
