@@ -16,7 +16,9 @@ through a second connection, from the event loop, beside the writes. Checkpoints
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -41,6 +43,7 @@ __all__ = [
     "IterationTotals",
     "SQLiteVersionError",
     "StageTotals",
+    "StateInUseError",
     "StateMismatchError",
     "Store",
     "StoredGrades",
@@ -159,6 +162,10 @@ class StateMismatchError(ProctorError, RuntimeError):
     """The state file was written for another curriculum or seed."""
 
 
+class StateInUseError(ProctorError, RuntimeError):
+    """Another process serves from the same state file."""
+
+
 class SQLiteVersionError(ProctorError, RuntimeError):
     """Python's sqlite3 is older than the statements the store uses."""
 
@@ -249,10 +256,20 @@ class Store:
                 "use a Python built against a newer SQLite (e.g. the python:3.11 Docker images)"
             )
         self.path = str(path)
+        self._lock: int | None = None
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        # The writer connection: one thread at a time uses it (the event loop, or the store thread with
-        # synchronous=FULL); the check is off so that it may be created on another.
+            self._lock = _hold(self.path)
+        try:
+            self._open(synchronous)
+        except BaseException:
+            if self._lock is not None:
+                os.close(self._lock)
+            raise
+
+    def _open(self, synchronous: Literal["normal", "full"]) -> None:
+        # The writer connection: one thread at a time uses it (the store's thread, see AsyncStore); the check is
+        # off so that it may be created on another.
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
@@ -315,6 +332,9 @@ class Store:
         if self._reader is not self._db:
             self._reader.close()
         self._db.close()
+        if self._lock is not None:
+            os.close(self._lock)  # and with it the lock
+            self._lock = None
 
     def checkpoint(self, *, restart_after_frames: int) -> None:
         """Copy committed WAL frames into the database file, on a connection of its own (so from any thread).
@@ -712,6 +732,24 @@ class Store:
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+def _hold(path: str) -> int:
+    """An exclusive lock on the state file, held until :meth:`Store.close` (or the process's end, however it
+    ends): two servers on one file would each decide batches and lease rows from memory of their own. ``flock``
+    is apart from the byte-range locks SQLite takes, so they do not meet."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StateInUseError(
+            f"state file {path} is in use by another proctor serve; stop that one, or give this one another "
+            "--run or --state (PROCTOR_RUN, PROCTOR_STATE). One state file serves one process"
+        ) from None
+    except OSError:
+        pass  # a file system without flock (some network mounts): nothing to hold, as before
+    return fd
 
 
 def _record_key(sample_id: str) -> int:

@@ -117,3 +117,19 @@ def test_a_state_file_of_another_curriculum_is_refused(
         server_process([str(curriculum_file), "--state", str(state), "--seed", "6", "--grader-workers", "1"])
     assert "belongs to curriculum 'tiny'" in str(info.value)
     assert "start a new run with another --run name or --state path (PROCTOR_RUN, PROCTOR_STATE)" in str(info.value)
+
+
+def test_a_second_server_on_the_same_state_file_is_refused(
+    server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "state.db"
+    first = server_process([str(curriculum_file), "--state", str(state), "--grader-workers", "1"])
+    with pytest.raises(RuntimeError, match="server exited with 2") as info:
+        server_process([str(curriculum_file), "--state", str(state), "--grader-workers", "1"])
+    assert f"state file {state} is in use by another proctor serve" in str(info.value)
+    assert "Traceback" not in str(info.value)
+    # The first serves on, and once it is gone (however it went) the file is free.
+    assert httpx.post(first.url + "/sample", json={"iteration": 0, "batch_size": 2}).status_code == 200
+    first.kill()
+    again = server_process([str(curriculum_file), "--state", str(state), "--grader-workers", "1"])
+    assert httpx.post(again.url + "/sample", json={"iteration": 0, "batch_size": 2}).status_code == 200

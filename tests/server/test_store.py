@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from proctor.server.curriculum.engine import TransitionRecord
-from proctor.server.store import NO_SLOT, GradeRow, IterationRow, StateMismatchError, Store
+from proctor.server.store import NO_SLOT, GradeRow, IterationRow, StateInUseError, StateMismatchError, Store
 
 
 def open_store(path: Path) -> Store:
@@ -33,6 +33,19 @@ def test_a_state_file_belongs_to_one_curriculum(tmp_path: Path) -> None:
         other.bind(curriculum="tiny", curriculum_hash="abc", seed=2)
     other.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
     other.close()
+
+
+def test_a_state_file_serves_one_store_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    held = open_store(path)
+    with pytest.raises(StateInUseError) as info:
+        Store(path)
+    assert str(info.value) == (
+        f"state file {path} is in use by another proctor serve; stop that one, or give this one another --run or "
+        "--state (PROCTOR_RUN, PROCTOR_STATE). One state file serves one process"
+    )
+    held.close()
+    open_store(path).close()  # free again once closed
 
 
 def test_iterations_and_transitions_survive_a_reopen(tmp_path: Path) -> None:
