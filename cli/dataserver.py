@@ -15,7 +15,7 @@ from proctor.server.exceptions import ProctorError
 from proctor.server.history import adopt_history, read_history
 from proctor.server.logs import configure_logging
 from proctor.server.settings import load_settings
-from proctor.server.store import Store
+from proctor.server.store import StateInUseError, Store
 
 __all__ = ["curriculum_path", "preview", "serve", "validate"]
 
@@ -84,11 +84,15 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _remove_state(path: str, host: str, port: int) -> None:
-    """``--fresh``: remove the run's state file (with its WAL), refusing while the port is taken: a server still
-    running there may be this run's, and it would go on writing into the removed file."""
+    """``--fresh``: remove the run's state file (with its WAL), refusing while a server holds it or the port is
+    taken (a server still running there may be this run's): it would go on writing into the removed file."""
     files = [Path(path + suffix) for suffix in ("", "-wal", "-shm")]
     if path == ":memory:" or not any(f.exists() for f in files):
         return
+    try:
+        Store.check_free(path)  # a server on another port, say
+    except StateInUseError as exc:
+        raise ProctorError(f"--fresh: {exc}") from None
     if port:
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -298,6 +298,12 @@ class Store:
         self._checkpoint_lock = threading.Lock()
         self._closed = False
 
+    @staticmethod
+    def check_free(path: str | Path) -> None:
+        """Raise :class:`StateInUseError` when a process serves from the state file at ``path``."""
+        if Path(path).exists():
+            os.close(_hold(str(path)))
+
     @property
     def connection(self) -> sqlite3.Connection:
         """The writer connection, for the experience store's tables in the same file and transactions."""

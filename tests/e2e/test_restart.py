@@ -133,3 +133,16 @@ def test_a_second_server_on_the_same_state_file_is_refused(
     first.kill()
     again = server_process([str(curriculum_file), "--state", str(state), "--grader-workers", "1"])
     assert httpx.post(again.url + "/sample", json={"iteration": 0, "batch_size": 2}).status_code == 200
+
+
+def test_fresh_is_refused_while_a_server_holds_the_state_file(
+    server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "state.db"
+    first = server_process([str(curriculum_file), "--state", str(state), "--grader-workers", "1"])
+    batch = httpx.post(first.url + "/sample", json={"iteration": 0, "batch_size": 2}).json()
+    # On another port: only the file says that a server runs this state.
+    with pytest.raises(RuntimeError, match="server exited with 2") as info:
+        server_process([str(curriculum_file), "--state", str(state), "--fresh", "--grader-workers", "1"])
+    assert f"--fresh: state file {state} is in use by another proctor serve" in str(info.value)
+    assert httpx.post(first.url + "/sample", json={"iteration": 0, "batch_size": 2}).json() == batch
