@@ -14,15 +14,14 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-from proctor.experience import Dispatch, ExperienceError, LeaseError, UnknownIterationError, Value
+from proctor.experience import Dispatch, ExperienceError, LeaseError, UnknownIterationError
 from proctor.experience import columns as col
 from proctor.server.exceptions import RequestError
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.rows import grade_rows
-from proctor.server.rollouts import Recorded, Rollouts
-from proctor.server.store import GradeRow
+from proctor.server.rollouts import Rollouts
 
 __all__ = ["LEASE_S", "GraderRole", "grade_lease", "grading_time", "renewing"]
 
@@ -64,34 +63,20 @@ async def renewing(renew: Callable[[str, float], Awaitable[float]], lease: str, 
             await task
 
 
-async def grade_lease(
-    rollouts: Rollouts,
-    fanout: GraderFanout,
-    batch: Dispatch,
-    lease_s: float,
-    *,
-    grades: Callable[[Mapping[str, Sequence[Value]]], Sequence[GradeRow]] | None = None,
-) -> tuple[dict[str, list[Value]], Recorded | None]:
+async def grade_lease(rollouts: Rollouts, fanout: GraderFanout, batch: Dispatch, lease_s: float) -> None:
     """The grader role's work for one lease: grade its rows (renewing the lease meanwhile) and collect their
-    rewards, stored as grades in the same transaction. ``grades`` builds the rows' grades from the rewards when
-    the caller knows the rows (a ``/grade`` grading its own); otherwise the store reads them from the rows'
-    cells. Returns the rewards' columns and what was recorded (None when the store refused the collection and
-    nothing was stored)."""
+    rewards, stored as grades (read from the rows' cells) in the same transaction."""
     assert batch.lease is not None
     async with renewing(rollouts.renew, batch.lease, lease_s):
         columns = await grade_rows(fanout, rollouts.ctx.curriculum.graders, batch.columns)
-    recorded = None
     try:
-        recorded = await rollouts.collect(batch.lease, columns, grades=None if grades is None else grades(columns))
+        await rollouts.collect(batch.lease, columns)
     except RequestError as exc:
         if exc.code not in (LeaseError.code, UnknownIterationError.code):
             raise
-        log.warning("the rewards of a dispatch of table %s were not kept: %s", batch.iteration, exc)
-    if recorded is not None and recorded.refused is not None:
         # The lease ended under a very slow batch (its rows went back to the pool, for another holder), or
-        # retention dropped its table: the store keeps no cells of this result, the state file its grades.
-        log.warning("the rewards of a dispatch of table %s were not kept: %s", batch.iteration, recorded.refused)
-    return columns, recorded
+        # retention dropped its table: the store keeps nothing of this result.
+        log.warning("the rewards of a dispatch of table %s were not kept: %s", batch.iteration, exc)
 
 
 class GraderRole:

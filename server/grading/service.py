@@ -12,7 +12,8 @@ curriculum's statistics; posting a completion again returns its stored grade.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,13 +23,16 @@ from proctor.server import protocol as wire
 from proctor.server.context import ServingContext
 from proctor.server.exceptions import InvalidRequestError
 from proctor.server.grading.fanout import GraderFanout
-from proctor.server.grading.role import LEASE_S, grade_lease, grading_time
+from proctor.server.grading.role import LEASE_S, grading_time, renewing
+from proctor.server.grading.rows import grade_rows
 from proctor.server.pacing import paced
 from proctor.server.rollouts import Completion, Enqueued, Rollouts, grade_key, reference
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.store import NO_SLOT, GradeKey, GradeRow
 
 __all__ = ["GradingService"]
+
+log = logging.getLogger("proctor.grading")
 
 _Row = tuple[int, int, int]
 """Where the store holds a completion: ``(table, slot, index)``."""
@@ -121,51 +125,59 @@ class GradingService:
     async def _grade(
         self, leases: Sequence[Dispatch], fresh: Sequence[_Item]
     ) -> tuple[dict[_Row, _Graded], set[GradeKey]]:
-        """Grade the rows this request leased, as the grader role, and collect their rewards with their grades
-        (one transaction). Returns the rewards, and the keys whose grade a concurrent request stored first."""
+        """Grade the rows this request leased, as the grader role, and collect their rewards with their grades:
+        one grading of every lease's rows (renewing the leases meanwhile), then one store call and one
+        transaction for all the collections (a request without ``iteration`` leases rows in many steps' tables).
+        Returns the rewards, and the keys whose grade a concurrent request stored first."""
         if not leases:
             return {}, set()
         fanout = self.fanout
         assert fanout is not None
         mine = {it.row: it for it in fresh}
-        raced: set[GradeKey] = set()
-
-        async def one(lease: Dispatch) -> dict[_Row, _Graded]:
-            table = lease.iteration
-            assert table is not None
-            rows = [(table, slot, index) for slot, index in lease.rows]
-            # The lease carries no cells (see Rollouts.enqueue): the grader's columns come from the items.
-            its = [mine[row] for row in rows]
-            records = [it.record for it in its]
-            assert all(r is not None for r in records)  # only current records are fresh
-            needs: dict[str, list[Value]] = {
-                col.SAMPLE_ID: [it.sample_id for it in its],
-                col.PROMPT: [r.prompt for r in records if r is not None],
-                col.REFERENCE: [reference(r) for r in records if r is not None],
-                col.COMPLETION: [it.completion for it in its],
-                col.COMPLETION_TOKENS: [it.completion_tokens for it in its],
-            }
-            lease = dataclasses.replace(lease, columns=needs)
-
-            def grades(columns: Mapping[str, Sequence[Value]]) -> list[GradeRow]:
-                out = []
-                for row, reward, detail in zip(rows, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True):
-                    it = mine[row]
-                    out.append(GradeRow(it.key, it.stage, it.source, float(reward), *col.parse_reward_detail(detail)))
-                return out
-
-            # A table that retention dropped meanwhile keeps no cells; the grades are still stored and answered.
-            columns, recorded = await grade_lease(self.rollouts, fanout, lease, LEASE_S, grades=grades)
-            if recorded is not None:
-                raced.update(recorded.exists)
-            return {
-                row: (float(reward), *col.parse_reward_detail(detail))
-                for row, reward, detail in zip(rows, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True)
-            }
-
+        # The leases carry no cells (see Rollouts.enqueue): the grader's columns come from the items.
+        rows: list[list[_Row]] = []
+        for lease in leases:
+            assert lease.iteration is not None
+            rows.append([(lease.iteration, slot, index) for slot, index in lease.rows])
+        its = [mine[row] for part in rows for row in part]
+        records = [it.record for it in its if it.record is not None]
+        assert len(records) == len(its)  # only current records are fresh
+        needs: dict[str, list[Value]] = {
+            col.SAMPLE_ID: [it.sample_id for it in its],
+            col.PROMPT: [r.prompt for r in records],
+            col.REFERENCE: [reference(r) for r in records],
+            col.COMPLETION: [it.completion for it in its],
+            col.COMPLETION_TOKENS: [it.completion_tokens for it in its],
+        }
+        async with contextlib.AsyncExitStack() as renewals:
+            for lease in leases:
+                assert lease.lease is not None
+                await renewals.enter_async_context(renewing(self.rollouts.renew, lease.lease, LEASE_S))
+            columns = await grade_rows(fanout, self.ctx.curriculum.graders, needs)
+        graded = [
+            (float(reward), *col.parse_reward_detail(detail))
+            for reward, detail in zip(columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True)
+        ]
         found: dict[_Row, _Graded] = {}
-        for part in await asyncio.gather(*(one(lease) for lease in leases)):
-            found.update(part)
+        collections: list[tuple[str, dict[str, list[Value]], list[GradeRow]]] = []
+        start = 0
+        for lease, part in zip(leases, rows, strict=True):
+            end = start + len(part)
+            assert lease.lease is not None
+            rewards = {name: columns[name][start:end] for name in (col.REWARD, col.REWARD_DETAIL)}
+            grades = []
+            for row, value in zip(part, graded[start:end], strict=True):
+                it = mine[row]
+                found[it.row] = value
+                grades.append(GradeRow(it.key, it.stage, it.source, *value))
+            collections.append((lease.lease, rewards, grades))
+            start = end
+        raced: set[GradeKey] = set()
+        # A table that retention dropped meanwhile keeps no cells; the grades are still stored and answered.
+        for recorded in await self.rollouts.collect_many(collections):
+            raced.update(recorded.exists)
+            if recorded.refused is not None:
+                log.warning("the rewards of a /grade's rows were not kept in the store: %s", recorded.refused)
         return found, raced
 
     async def _wait(self, waiting: Sequence[_Item]) -> dict[_Row, _Graded]:
