@@ -192,16 +192,12 @@ class Rollouts:
         # No wake-up: the rows are leased to the caller, or wait for remote grade-workers, which poll.
         return enqueued
 
-    async def collect(
-        self, lease: str, columns: Mapping[str, Sequence[Value]], *, grades: Sequence[GradeRow] | None = None
-    ) -> Recorded:
-        """Collect a lease. A collection by the grader role is also a grade: stored in the state file, with
-        its record's statistics, in the transaction that writes the rewards, and counted once however often
-        the rows are re-dispatched or posted. ``grades`` are the rows' grades when the caller has them (a
-        ``/grade`` grading its own rows); they are stored even when the store refuses the collection (the
-        lease ended, or retention dropped the table), with the refusal in :attr:`Recorded.refused`."""
+    async def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> Recorded:
+        """Collect a lease. A collection by the grader role is also a grade: stored in the state file (read from
+        the rows' cells), with its record's statistics, in the transaction that writes the rewards, and counted
+        once however often the rows are re-dispatched or posted."""
         x = self.experience
-        recorded = await x.call(_collect_and_record, x.store, x.state, lease, columns, grades, self._stage_of)
+        recorded = await x.call(_collect_and_record, x.store, x.state, lease, columns, self._stage_of)
         await self._counted(recorded)
         return recorded
 
@@ -362,22 +358,14 @@ def _collect_and_record(
     state: Store,
     lease: str,
     columns: Mapping[str, Sequence[Value]],
-    grades: Sequence[GradeRow] | None,
     stage_of: Callable[[int], int],
 ) -> Recorded:
     """The collection and, for the grader role's, its grades: one transaction."""
     with experience.batch():
-        try:
-            collected = experience.collect(lease, columns)
-        except (LeaseError, UnknownIterationError) as exc:
-            if grades is None:
-                raise
-            return Recorded(None, _store_grades(state, grades), refused=exc.message)
+        collected = experience.collect(lease, columns)
         if collected.consumer != col.GRADER.name:
             return Recorded(collected, [])
-        if grades is None:
-            return _record(experience, state, collected, columns, stage_of)
-        return Recorded(collected, _store_grades(state, grades))
+        return _record(experience, state, collected, columns, stage_of)
 
 
 def _collect_all(
@@ -403,7 +391,7 @@ def _collect_all(
 def _collect_wire(
     experience: ExperienceStore, state: Store, lease: str, body: dw.CollectRequest, stage_of: Callable[[int], int]
 ) -> Recorded:
-    return _collect_and_record(experience, state, lease, dw.columns_from_wire(body.columns), None, stage_of)
+    return _collect_and_record(experience, state, lease, dw.columns_from_wire(body.columns), stage_of)
 
 
 def _record(

@@ -23,7 +23,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -314,12 +313,6 @@ class Store:
         """Whether the reads (:meth:`get_iteration`, :meth:`latest_served`, :meth:`graded_iterations`,
         :meth:`find_grades`) may run on another thread than the writes, beside them."""
         return self._reader is not self._db
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One transaction for the calls inside (say, the experience store's and this store's writes)."""
-        with self._tx():
-            yield
 
     def _schema_version(self) -> str | None:
         if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
