@@ -53,6 +53,7 @@ once per chunk).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -152,6 +153,7 @@ def run_variant(spec: dict[str, Any]) -> dict[str, Any]:
     """Train the variant ``spec`` describes in this process; an out-of-memory error is a result, not a failure."""
     import datasets
     import torch
+    from datasets.table import InMemoryTable
     from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
@@ -169,7 +171,11 @@ def run_variant(spec: dict[str, Any]) -> dict[str, Any]:
     span = 4 if spec["smoke"] else 112  # prompts of 16 … 127 words (smoke: 3 … 6)
     first = 3 if spec["smoke"] else 16
     prompts = [" ".join(words[(i * 3 + j) % len(words)] for j in range(first + (i * 37) % span)) for i in range(512)]
-    dataset = datasets.Dataset.from_dict({"prompt": prompts})
+    # from_dict fingerprints the table by pickling it with dill, which fails on some Python and pyarrow pairs
+    # (Python 3.12.3 with pyarrow 26: "Can't pickle <class 'MonthDayNano'>"); the prompts' own hash is exact.
+    table = InMemoryTable.from_pydict({"prompt": prompts})
+    fingerprint = hashlib.sha256("\n".join(prompts).encode()).hexdigest()[:16]
+    dataset = datasets.Dataset(table, fingerprint=fingerprint)
 
     def reward(completions: list[str], **_: Any) -> list[float]:
         return [min(1.0, len(c) / 400) for c in completions]
@@ -342,9 +348,11 @@ def _run_child(spec: dict[str, Any], tmp: Path, timeout: float | None) -> dict[s
     except subprocess.TimeoutExpired:
         return {**head, "status": "timeout", "error": f"over {timeout} s"}
     if done.returncode != 0 or not out.exists():
-        tail = (done.stderr or done.stdout)[-3000:]
-        print(tail, file=sys.stderr)
-        return {**head, "status": "error", "error": tail}
+        text = done.stderr or done.stdout
+        # A traceback's cause is at its head and its error at its tail; a long one keeps both.
+        error = text if len(text) <= 6000 else text[:3000] + "\n…\n" + text[-3000:]
+        print(error, file=sys.stderr)
+        return {**head, "status": "error", "error": error}
     result: dict[str, Any] = json.loads(out.read_text())
     return result
 
