@@ -11,7 +11,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip
 # The Debian packages the tests drive: curl (the docs' curl tour, run verbatim), docker-compose (a real compose
 # implementation checks docker/compose.yaml) and chromium (the live page, headless). Each command is its package.
+# And postgresql, whose server binaries (off the PATH) the tests start a cluster of their own with.
 SYSTEM_PACKAGES := curl docker-compose chromium
+
+# The suites whose servers and stores keep state (the others, batching/, curricula/, bench/, docker/ and the docs',
+# start none, or one of their own).
+POSTGRESQL_SUITES := tests/server tests/experience tests/cli tests/client tests/e2e
 
 .PHONY: serve test test-fast train demo system-packages lint typecheck format docs bench clean
 
@@ -46,6 +51,7 @@ train: $(VENV)/.train-installed
 # Installs the missing ones as root through apt-get; anyone else is told, in one line, what to run.
 system-packages:
 	@missing=(); for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || missing+=($$p); done; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql); \
 	if [ $${#missing[@]} -eq 0 ]; then exit 0; fi; \
 	if [ "$$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then \
 	  echo "make test: the tests need $${missing[*]}: run  sudo apt-get install -y $${missing[*]}" >&2; exit 1; \
@@ -53,8 +59,11 @@ system-packages:
 	echo "installing the Debian packages the tests drive: $${missing[*]}"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$${missing[@]}" >/dev/null
 
+# Every suite on SQLite; then the suites whose servers keep state on PostgreSQL (bench/_postgresql.py starts a
+# cluster): every state file and in-memory state such a test names becomes a database of its own.
 test: system-packages $(VENV)/.dev-installed lint typecheck docs
 	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --database postgresql $(POSTGRESQL_SUITES)
 
 # pytest without the slowest tests (marked e2e: server processes, a Docker engine, a browser), for the edit-test
 # loop; `make test` runs them all.

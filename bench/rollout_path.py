@@ -7,7 +7,9 @@ step a request, 4 completions of each of its 16 prompts (64), each a short reaso
 every answer distinct across requests (no cache can help), graded by the ``math`` grader on both. proctor
 opens each step's table in its experience store, writes every completion and reward there and every batch
 and grade to its state (SQLite, WAL), and grades in its grader processes (one per core); the baseline grades
-in its one process and keeps nothing.
+in its one process and keeps nothing. Then the same two loads on a server whose state is a PostgreSQL database
+(a local cluster started for the run, ``bench/_postgresql.py``), and the ``/grade`` load with the grader role in
+two ``proctor grade-worker`` processes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 from bench._http import Connection
 from bench._load import GRADE_ITEMS, Row, completion, dispatch_requests, drive, row, write_curriculum
+from bench._postgresql import cluster
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
 
@@ -37,6 +40,7 @@ SAMPLE_BATCH = 16
 SECONDS = 8.0
 REMOTE_WORKERS = 2
 TARGETS = {"sample": "≥ 1.0×, p99 ≤ 10 ms", "grade": "≥ 1.0×, p99 ≤ 100 ms"}
+POSTGRESQL_TARGETS = {"sample": "", "grade": "≥ 0.7×"}
 
 
 async def measure(port: int, seconds: float, answer_of: Callable[[str], str]) -> dict[str, Row]:
@@ -110,6 +114,11 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
         keep = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": "1000000"}
         with ServerProcess(args, log=folder / "server.log", cwd=ROOT, env=keep) as server:
             now = asyncio.run(measure(server.port, seconds, answer_of))
+        # The same server, its state in a PostgreSQL database on this machine.
+        with cluster() as pg:
+            pg_args = [str(curriculum), "--state", pg.new_database(), "--log-level", "warning"]
+            with ServerProcess(pg_args, log=folder / "postgresql.log", cwd=ROOT, env=keep) as server:
+                on_postgresql = asyncio.run(measure(server.port, seconds, answer_of))
         # The grader role in two `proctor grade-worker` processes instead (one grader process each: as many as
         # the server's own pool has on this machine), the server grading nothing itself.
         args = [str(curriculum), "--state", str(folder / "remote.db"), "--log-level", "warning"]
@@ -131,6 +140,7 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
                 for w in workers:
                     w.wait(timeout=30)
     results["proctor"] = {k: asdict(v) for k, v in now.items()}
+    results["postgresql"] = {k: asdict(v) for k, v in on_postgresql.items()}
     results["remote"] = asdict(remote["grade"])
     results["baseline"] = {k: asdict(v) for k, v in bare.items()}
     return results
@@ -148,6 +158,19 @@ def table(results: dict[str, Any]) -> str:
         lines.append(
             f"| {p.name} | {p.per_second:.0f} | {p.p99_ms:.1f} | {b.per_second:.0f} | {b.p99_ms:.1f} | "
             f"{ratio:.2f}× | {TARGETS[key]} |"
+        )
+    lines += [
+        "",
+        "| endpoint | state in SQLite: req/s | p99 ms | state in PostgreSQL: req/s | p99 ms | PostgreSQL ÷ SQLite "
+        "| target |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for key in ("sample", "grade"):
+        q, p = Row(**results["postgresql"][key]), Row(**results["proctor"][key])
+        ratio = q.per_second / p.per_second if p.per_second else float("nan")
+        lines.append(
+            f"| {p.name} | {p.per_second:.0f} | {p.p99_ms:.1f} | {q.per_second:.0f} | {q.p99_ms:.1f} | {ratio:.2f}× | "
+            f"{POSTGRESQL_TARGETS[key]} |"
         )
     remote, local = Row(**results["remote"]), Row(**results["proctor"]["grade"])
     lines += [

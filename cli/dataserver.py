@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 from proctor.curricula import builtin_curricula, builtin_path
+from proctor.experience.database import is_postgresql
 from proctor.server.curriculum.engine import StageSchedule
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.curriculum.mixing import Mixer, stage_runs
@@ -15,7 +16,7 @@ from proctor.server.exceptions import ProctorError
 from proctor.server.history import adopt_history, read_history
 from proctor.server.logs import configure_logging
 from proctor.server.settings import load_settings
-from proctor.server.store import StateInUseError, Store
+from proctor.server.store import StateInUseError, Store, redacted
 
 __all__ = ["curriculum_path", "preview", "serve", "validate"]
 
@@ -86,6 +87,11 @@ def serve(args: argparse.Namespace) -> int:
 def _remove_state(path: str, host: str, port: int) -> None:
     """``--fresh``: remove the run's state file (with its WAL), refusing while a server holds it or the port is
     taken (a server still running there may be this run's): it would go on writing into the removed file."""
+    if is_postgresql(path):
+        raise ProctorError(
+            f"--fresh removes a state file, and the state is the PostgreSQL database {redacted(path)}: to start the "
+            "run over, give it a new, empty database (drop and create it, or name another in --state)"
+        )
     files = [Path(path + suffix) for suffix in ("", "-wal", "-shm")]
     if path == ":memory:" or not any(f.exists() for f in files):
         return

@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve_p.add_argument(
         "--state",
-        help="the state file itself in place of STATE_DIR/RUN.db, or :memory: for a throwaway run (env PROCTOR_STATE)",
+        metavar="PATH|URL",
+        help="the state file itself in place of STATE_DIR/RUN.db, :memory: for a throwaway run, or a PostgreSQL "
+        "database, postgresql://USER:PASSWORD@HOST:PORT/DB (env PROCTOR_STATE)",
     )
     serve_p.add_argument(
         "--seed", type=int, help="override the curriculum's seed (default: the file's, env PROCTOR_SEED)"

@@ -1,4 +1,4 @@
-"""The experience store's tables in SQLite: what must survive a ``kill -9`` and a restart.
+"""The experience store's tables in SQLite or PostgreSQL: what must survive a ``kill -9`` and a restart.
 
 Every change the store acknowledges is one committed transaction (WAL mode), so nothing acknowledged is lost.
 The tables live in the dataserver's state file beside its own (a connection of the store's own), or in a file
@@ -13,7 +13,6 @@ either.
 from __future__ import annotations
 
 import json
-import sqlite3
 import struct
 import time
 from collections.abc import Iterator, Sequence
@@ -24,6 +23,8 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from proctor.experience.database import Database, is_postgresql
 
 __all__ = ["Chunk", "ExperienceTables", "Lease", "StoredTable", "pack_cells", "unpack_cells"]
 
@@ -141,35 +142,31 @@ def _blob(values: npt.NDArray[np.integer]) -> bytes:
 
 
 class ExperienceTables:
-    """One SQLite connection; its caller (:class:`~proctor.experience.store.ExperienceStore`) uses it one call
+    """One database connection; its caller (:class:`~proctor.experience.store.ExperienceStore`) uses it one call
     at a time."""
 
-    def __init__(
-        self, path: str | Path | sqlite3.Connection, *, synchronous: Literal["normal", "full"] = "normal"
-    ) -> None:
-        # A connection given is its owner's (the dataserver's state file, whose writes it shares, so that one
+    def __init__(self, path: str | Path | Database, *, synchronous: Literal["normal", "full"] = "normal") -> None:
+        # A connection given is its owner's (the dataserver's state, whose writes it shares, so that one
         # transaction can hold both): it is left open, and its settings as they are.
-        self._owned = not isinstance(path, sqlite3.Connection)
-        if isinstance(path, sqlite3.Connection):
+        self._owned = not isinstance(path, Database)
+        if isinstance(path, Database):
             self._db = path
+        elif is_postgresql(str(path)):
+            self._db = Database.postgresql(str(path))
         else:
-            if str(path) != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db = Database.sqlite(path, synchronous=synchronous)
         if self._exists("dock_cells"):
             with self.transaction():
                 self._from_cell_layout()
         elif self._exists("dock_tables"):
             with self.transaction():
                 self._from_old_names()
-        self._db.executescript(_SCHEMA)
+        self._db.script(_SCHEMA)
+        # The order leases were written in (SQLite's row id; PostgreSQL keeps none, and none is needed there).
+        self._lease_order = "rowid" if self._db.dialect == "sqlite" else "iteration, lease"
 
     def _exists(self, table: str) -> bool:
-        found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
-        return found.fetchone() is not None
+        return self._db.table_exists(table)
 
     def _from_old_names(self) -> None:
         for index in _OLD_INDEXES:
@@ -226,13 +223,13 @@ class ExperienceTables:
         if self._db.in_transaction:
             yield
             return
-        self._db.execute("BEGIN IMMEDIATE")
+        self._db.begin()
         try:
             yield
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._db.rollback()
             raise
-        self._db.execute("COMMIT")
+        self._db.commit()
 
     # --- reads at start-up ----------------------------------------------------------------------------------
 
@@ -258,7 +255,8 @@ class ExperienceTables:
 
     def leases(self) -> list[Lease]:
         rows = self._db.execute(
-            "SELECT lease, consumer, iteration, slots, indices, expires_at, state FROM experience_leases ORDER BY rowid"
+            "SELECT lease, consumer, iteration, slots, indices, expires_at, state FROM experience_leases"
+            f" ORDER BY {self._lease_order}"
         )
         out = []
         for lease, c, i, s, k, e, state in rows:
@@ -313,12 +311,10 @@ class ExperienceTables:
         cells: bytes,
     ) -> int:
         """Store one write's cells of one column (a :func:`pack_cells` blob); returns the chunk's id."""
-        cur = self._db.execute(
+        return self._db.insert(
             "INSERT INTO experience_chunks (iteration, name, slots, indices, cells) VALUES (?, ?, ?, ?, ?)",
             (iteration, name, _blob(slots), None if indices is None else _blob(indices), cells),
         )
-        assert cur.lastrowid is not None
-        return cur.lastrowid
 
     def add_lease(self, lease: Lease) -> None:
         self._db.execute(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import secrets
-import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from proctor.batching.dynamic import plan_dynamic_batches
+from proctor.experience.database import Database
 from proctor.experience.errors import (
     CellConflictError,
     CellsMissingError,
@@ -285,10 +285,11 @@ def _iteration(age: tuple[int, bool]) -> int:
 
 
 class ExperienceStore:
-    """The store, in this process, durable in the SQLite file ``path`` (``:memory:`` for a throwaway one).
+    """The store, in this process, durable in the SQLite file ``path`` (``:memory:`` for a throwaway one) or the
+    PostgreSQL database at ``path`` (a ``postgresql://`` URL).
 
     Args:
-        path: the SQLite file, or a connection to share (the dataserver passes its state file's writer, so
+        path: the SQLite file, a PostgreSQL URL, or a connection to share (the dataserver passes its state's writer, so
             that its own writes and the store's can be one transaction; the connection stays its caller's).
         keep_iterations: tables kept (of steps, and as many of loose rows); opening one more drops the oldest.
         clock: wall-clock seconds, for lease expiry (a lease outlives a restart, so not a monotonic clock).
@@ -296,7 +297,7 @@ class ExperienceStore:
 
     def __init__(
         self,
-        path: str | Path | sqlite3.Connection = ":memory:",
+        path: str | Path | Database = ":memory:",
         *,
         keep_iterations: int = 8,
         synchronous: Literal["normal", "full"] = "normal",

@@ -14,6 +14,7 @@ from proctor.server import __version__
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.dataserver import Dataserver
 from proctor.server.errors import error_responses, install_error_handlers
+from proctor.server.handle import DataserverHandle
 from proctor.server.metrics import Metrics
 from proctor.server.middleware import (
     ApiKeyMiddleware,
@@ -28,6 +29,8 @@ from proctor.server.settings import Settings
 __all__ = ["create_app"]
 
 log = logging.getLogger("proctor")
+
+_REOPEN_EVERY_S = 1.0  # how often a server whose PostgreSQL database failed tries to open it again
 
 
 def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) -> FastAPI:
@@ -59,10 +62,11 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
             "new" if last is None else f"resumed after iteration {last}; --fresh starts the run over",
             settings.grader_workers,
         )
+        handle = DataserverHandle(server, lambda: Dataserver.open(cur, settings, metrics), retry_s=_REOPEN_EVERY_S)
         try:
-            yield {"dataserver": server}
+            yield {"dataserver": handle}
         finally:
-            await server.close()
+            await handle.close()
             log.info("stopped: grader processes ended, state %s closed", state)
 
     locked = settings.api_key is not None

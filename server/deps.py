@@ -12,6 +12,7 @@ from starlette.requests import ClientDisconnect
 
 from proctor.server.dataserver import Dataserver
 from proctor.server.exceptions import RequestError
+from proctor.server.handle import DataserverHandle
 
 __all__ = ["DataserverDep", "json_body"]
 
@@ -21,8 +22,8 @@ M = TypeVar("M", bound=BaseModel)
 # async, although they do not await: FastAPI runs plain `def` dependencies in a worker thread, which would
 # cost three thread hops on every request.
 async def get_dataserver(request: Request) -> Dataserver:
-    server: Dataserver = request.state.dataserver
-    return server
+    handle: DataserverHandle = request.state.dataserver
+    return handle.get()
 
 
 DataserverDep = Annotated[Dataserver, Depends(get_dataserver)]

@@ -73,19 +73,19 @@ def adopt_history(store: Store, history: StageHistory, *, source: str) -> None:
     for n, (mine, theirs) in enumerate(zip(recorded, history.transitions, strict=False)):
         if (mine.iteration, mine.from_stage, mine.to_stage) != (theirs.iteration, theirs.from_stage, theirs.to_stage):
             raise HistoryError(
-                f"--transitions {source}: the state file {store.path} recorded another transition #{n} (at iteration "
+                f"--transitions {source}: {store.described} recorded another transition #{n} (at iteration "
                 f"{mine.iteration}, not {theirs.iteration}); adopt a history into a new state file"
             )
     if len(recorded) > len(history.transitions):
         raise HistoryError(
-            f"--transitions {source}: the state file {store.path} has {len(recorded)} transitions, the history only "
+            f"--transitions {source}: {store.described} has {len(recorded)} transitions, the history only "
             f"{len(history.transitions)}; adopt a history into a new state file"
         )
     new = history.transitions[len(recorded) :]
     last = store.last_iteration()
     if new and last is not None and new[0].iteration <= last:
         raise HistoryError(
-            f"--transitions {source}: the state file {store.path} already served iterations up to {last}, so a "
+            f"--transitions {source}: {store.described} already served iterations up to {last}, so a "
             f"transition at {new[0].iteration} would change batches it answered; adopt a history into a new state file"
         )
     store.adopt_transitions(new, history.decided_through)

@@ -42,7 +42,10 @@ class Settings(BaseSettings):
     state_dir: Path = Field(default=Path(".proctor/runs"), description="Where each run keeps its state, as <run>.db.")
     state: str | None = Field(
         default=None,
-        description="The state file itself, in place of <state_dir>/<run>.db; :memory: for a throwaway run.",
+        description=(
+            "The state file itself, in place of <state_dir>/<run>.db; :memory: for a throwaway run; or a PostgreSQL "
+            "database, postgresql://user:password@host:port/database."
+        ),
     )
     state_sync: Literal["normal", "full"] = Field(
         default="normal",

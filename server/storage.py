@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -94,6 +93,8 @@ class AsyncStore:
         self._idle = asyncio.Event()  # set while no group commit is queued or running
         self._idle.set()
         self._joiner: IterationsJoiner | None = None
+        self.on_failure: Callable[[], None] | None = None
+        """Called once, on the event loop, when the state stops accepting writes (see :meth:`fail`)."""
 
     def join(self, joiner: IterationsJoiner) -> None:
         """Make ``joiner``'s writes part of every group commit of new iterations, from now on."""
@@ -126,8 +127,8 @@ class AsyncStore:
 
     @property
     def path(self) -> str:
-        """The state file (or ``:memory:``)."""
-        return self._store.path
+        """The state file (or ``:memory:``), or the PostgreSQL database's URL without its password."""
+        return self._store.display
 
     @property
     def store(self) -> Store:
@@ -139,7 +140,7 @@ class AsyncStore:
         stops the server (:meth:`fail`) and is a 503."""
         try:
             return await self._on_thread(fn, *args, **kwargs)
-        except sqlite3.Error as exc:
+        except self._store.connection.errors as exc:
             raise UnavailableError(self.fail(exc)) from exc
 
     async def close(self) -> None:
@@ -162,11 +163,21 @@ class AsyncStore:
 
     # --- failure ------------------------------------------------------------------------------------------
 
+    @property
+    def reopens(self) -> bool:
+        """Whether the server opens its state again by itself once it fails (a PostgreSQL database: an outage
+        there passes, a full disk under a state file does not)."""
+        return self._store.connection.dialect == "postgresql"
+
     def fail(self, exc: BaseException) -> str:
-        """Stop serving: the state file refused a write, so memory would run ahead of it. Returns the reason."""
+        """Stop serving: the state refused a write (or a read), so memory may have run ahead of it. Returns
+        the reason."""
         if self.failure is None:
-            self.failure = f"the state file {self._store.path} stopped accepting writes ({exc}); restart the server"
+            then = "reconnecting" if self.reopens else "restart the server"
+            self.failure = f"{self._store.described} stopped accepting writes ({_first_line(exc)}); {then}"
             log.critical("%s", self.failure)
+            if self.on_failure is not None:
+                asyncio.get_running_loop().call_soon(self.on_failure)
         return self.failure
 
     def check_healthy(self) -> None:
@@ -180,9 +191,12 @@ class AsyncStore:
         return await asyncio.get_running_loop().run_in_executor(self.thread, lambda: fn(*args, **kwargs))
 
     async def _read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        if self._inline:
-            return fn(*args, **kwargs)
-        return await self._on_thread(fn, *args, **kwargs)
+        try:
+            if self._inline:
+                return fn(*args, **kwargs)
+            return await self._on_thread(fn, *args, **kwargs)
+        except self._store.connection.errors as exc:
+            raise UnavailableError(self.fail(exc)) from exc
 
     # --- reads --------------------------------------------------------------------------------------------
 
@@ -281,3 +295,7 @@ class AsyncStore:
             asyncio.get_running_loop().call_soon(self._start_commit)
         else:
             self._idle.set()
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

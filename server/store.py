@@ -1,4 +1,6 @@
-"""Durable state in one SQLite file: the batch of every sampled iteration, every grade, every transition.
+"""Durable state in one SQLite file, or one PostgreSQL database: the batch of every sampled iteration, every
+grade, every transition. The statements are the same for both (:mod:`proctor.experience.database`); what follows
+about the WAL, checkpoints and the file lock is SQLite's, and a PostgreSQL database is held by an advisory lock.
 
 WAL mode: readers never block the writer, and a transaction is on disk (in the WAL) once ``commit``
 returns, so ``kill -9`` at any moment loses nothing that was acknowledged. ``synchronous=NORMAL`` (the
@@ -26,7 +28,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
+from proctor.experience.database import Database, is_postgresql
 from proctor.server.curriculum.engine import TransitionRecord
 from proctor.server.curriculum.items import NEW_GROUP, ZERO_VARIANCE, GroupState, ItemState, ItemTracking, fold_grade
 from proctor.server.exceptions import ProctorError
@@ -46,6 +50,7 @@ __all__ = [
     "StateMismatchError",
     "Store",
     "StoredGrades",
+    "redacted",
 ]
 
 SCHEMA_VERSION = 3
@@ -54,6 +59,13 @@ T = TypeVar("T")
 # Rows and keys per statement: far below SQLite's limit of 32,766 bound values.
 _ROWS_PER_STATEMENT = 256
 _KEYS_PER_STATEMENT = 512
+# Per group of grades: the error-free ones, the errors, the error-free rewards' sum.
+_GRADE_SUMS = (
+    "SUM(CASE WHEN error IS NULL THEN 1 ELSE 0 END), SUM(CASE WHEN error IS NULL THEN 0 ELSE 1 END),"
+    " SUM(CASE WHEN error IS NULL THEN reward END)"
+)
+# The advisory lock a server holds on its PostgreSQL database (any number: the database is proctor's).
+_ADVISORY_KEY = 0x70726F63746F72
 NO_SLOT = -1  # the slot of a grade whose client did not send one (it is told apart by its sample_id alone)
 
 _SCHEMA = """
@@ -247,15 +259,21 @@ class StageTotals:
 
 
 class Store:
+    """The state of one run, in a SQLite file (``path``) or a PostgreSQL database (``path`` a
+    ``postgresql://`` URL)."""
+
     def __init__(self, path: str | Path, *, synchronous: Literal["normal", "full"] = "normal") -> None:
+        self.path = str(path)
+        self._lock: int | None = None
+        if is_postgresql(self.path):
+            self._open_postgresql()
+            return
         if sqlite3.sqlite_version_info < (3, 35):
             # Grades are stored with INSERT … RETURNING (3.35, 2021).
             raise SQLiteVersionError(
                 f"proctor needs SQLite 3.35 or newer, and Python's sqlite3 here uses {sqlite3.sqlite_version}; "
                 "use a Python built against a newer SQLite (e.g. the python:3.11 Docker images)"
             )
-        self.path = str(path)
-        self._lock: int | None = None
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._lock = _hold(self.path)
@@ -269,10 +287,7 @@ class Store:
     def _open(self, synchronous: Literal["normal", "full"]) -> None:
         # The writer connection: one thread at a time uses it (the store's thread, see AsyncStore); the check is
         # off so that it may be created on another.
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db = Database.sqlite(self.path, synchronous=synchronous)
         # No automatic checkpoints: SQLite would run them inside whichever commit crosses 1000 WAL pages,
         # stalling that commit (and every request queued behind it) for milliseconds. AsyncStore runs
         # `checkpoint()` on another connection and thread instead, beside the writes.
@@ -282,13 +297,34 @@ class Store:
         # the writer.
         self._reader = self._db
         if self.path != ":memory:":
-            self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._reader = Database.sqlite(self.path, synchronous=None)
             self._reader.execute("PRAGMA query_only=ON")
         if self._schema_version() == "1":
-            self._db.executescript("BEGIN IMMEDIATE;" + _MIGRATE_1_TO_2 + "COMMIT;")
+            self._db.script("BEGIN IMMEDIATE;" + _MIGRATE_1_TO_2 + "COMMIT;")
         if self._schema_version() == "2":
-            self._db.executescript("BEGIN IMMEDIATE;" + _MIGRATE_2_TO_3 + "COMMIT;")
-        self._db.executescript(_SCHEMA)
+            self._db.script("BEGIN IMMEDIATE;" + _MIGRATE_2_TO_3 + "COMMIT;")
+        self._db.script(_SCHEMA)
+        self._opened()
+
+    def _open_postgresql(self) -> None:
+        self._db = Database.postgresql(self.path)
+        try:
+            # The flock of a state file, for a database: held by the writer connection until it closes (or the
+            # process ends), however it ends.
+            (free,) = self._db.execute("SELECT pg_try_advisory_lock(?)", (_ADVISORY_KEY,)).fetchone()
+            if not free:
+                raise StateInUseError(
+                    f"database {self.display} is in use by another proctor serve; stop that one, or give this one "
+                    "another database (PROCTOR_STATE). One database serves one process"
+                )
+            self._reader = Database.postgresql(self.path, application="proctor-reader")
+            self._db.script(_SCHEMA)
+        except BaseException:
+            self._db.close()
+            raise
+        self._opened()
+
+    def _opened(self) -> None:
         self._tracking = ItemTracking({}, frozenset(), 1.0)
         # A connection of its own for checkpoints, used from the checkpoint thread. The lock keeps `close`
         # from closing it under a checkpoint still running there: cancelling the task that awaits a thread does
@@ -300,11 +336,25 @@ class Store:
     @staticmethod
     def check_free(path: str | Path) -> None:
         """Raise :class:`StateInUseError` when a process serves from the state file at ``path``."""
-        if Path(path).exists():
+        if is_postgresql(str(path)):
+            Store(path).close()
+        elif Path(path).exists():
             os.close(_hold(str(path)))
 
     @property
-    def connection(self) -> sqlite3.Connection:
+    def display(self) -> str:
+        """Where the state is, for messages: the file, or the database's URL without its password."""
+        return redacted(self.path)
+
+    @property
+    def described(self) -> str:
+        """Where the state is, in a sentence: ``the state file …`` or ``the PostgreSQL database …``."""
+        if self._db.dialect == "postgresql":
+            return f"the PostgreSQL database {self.display}"
+        return f"the state file {self.path}"
+
+    @property
+    def connection(self) -> Database:
         """The writer connection, for the experience store's tables in the same file and transactions."""
         return self._db
 
@@ -315,7 +365,7 @@ class Store:
         return self._reader is not self._db
 
     def _schema_version(self) -> str | None:
-        if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
+        if not self._db.table_exists("meta"):
             return None
         row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         return None if row is None else str(row[0])
@@ -325,7 +375,7 @@ class Store:
             self._closed = True
             if self._checkpointer is not None:
                 self._checkpointer.close()
-        if self.path != ":memory:":
+        if self.path != ":memory:" and self._db.dialect == "sqlite":
             # Fold the WAL into the database file, so that a stopped server leaves one file behind.
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         if self._reader is not self._db:
@@ -342,7 +392,7 @@ class Store:
         up with the writer, and SQLite only rewinds the WAL once one has; so when the WAL is longer than
         ``restart_after_frames``, a RESTART follows, which holds writers off for the little that is left.
         """
-        if self.path == ":memory:":
+        if self.path == ":memory:" or self._db.dialect != "sqlite":
             return
         with self._checkpoint_lock:
             if self._closed:
@@ -374,12 +424,12 @@ class Store:
             return
         if meta.get("schema_version") != str(SCHEMA_VERSION):
             raise StateMismatchError(
-                f"state file {self.path} has schema version {meta.get('schema_version')}, this proctor writes "
+                f"state file {self.display} has schema version {meta.get('schema_version')}, this proctor writes "
                 f"{SCHEMA_VERSION}; use a new --state path"
             )
         if meta.get("curriculum_hash") != curriculum_hash or meta.get("seed") != str(seed):
             raise StateMismatchError(
-                f"state file {self.path} belongs to curriculum {meta.get('curriculum')!r} "
+                f"state file {self.display} belongs to curriculum {meta.get('curriculum')!r} "
                 f"(hash {meta.get('curriculum_hash')}, seed {meta.get('seed')}), but the server loaded "
                 f"{curriculum!r} (hash {curriculum_hash}, seed {seed}). The curriculum, its data or its seed "
                 "changed since this state was written: start a new run with another --run name or --state path "
@@ -447,7 +497,9 @@ class Store:
             current = self.decided_through()
             if decided_through is not None and (current is None or decided_through > current):
                 self._db.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('decided_through', ?)", (str(decided_through),)
+                    "INSERT INTO meta (key, value) VALUES ('decided_through', ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (str(decided_through),),
                 )
 
     def _insert_transitions(self, transitions: Sequence[TransitionRecord], now: float) -> None:
@@ -556,10 +608,15 @@ class Store:
         (:mod:`proctor.server.curriculum.items`), so the per-record state never runs ahead of the grades."""
         now = time.time()
         written: dict[GradeKey, GradeOutcome] = {}
+        postgresql = self._db.dialect == "postgresql"
         with self._tx():
-            # One writer, in a transaction: a row whose seq is above this one was inserted now, any other
-            # row the upsert returns was an error it replaced.
-            (before,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM grades").fetchone()
+            # Which rows the upsert inserted, and which errors it replaced: PostgreSQL says so (a row version
+            # no transaction has replaced, xmax 0, is new). On SQLite, one writer in a transaction: a row whose
+            # seq is above the largest before it was inserted now.
+            before = 0
+            if not postgresql:
+                (before,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM grades").fetchone()
+            new, after = ("xmax = 0", []) if postgresql else ("seq > ?", [before])
             for part in _parts(list(rows), _ROWS_PER_STATEMENT):
                 values = ",".join(["(?,?,?,?,?,?,?,?,?,?,?)"] * len(part))
                 returned = self._db.execute(
@@ -569,15 +626,16 @@ class Store:
                     " stage = excluded.stage, source = excluded.source, reward = excluded.reward,"
                     " components = excluded.components, error = excluded.error, created_at = excluded.created_at"
                     " WHERE grades.error IS NOT NULL"
-                    " RETURNING seq, iteration, sample_id, slot, completion_index, completion_sha",
+                    f" RETURNING {new}, iteration, sample_id, slot, completion_index, completion_sha",
                     [
                         v
                         for r in part
                         for v in (*r.key, r.stage, r.source, r.reward, json.dumps(r.components), r.error, now)
-                    ],
+                    ]
+                    + after,
                 ).fetchall()
-                for seq, *key in returned:
-                    written[(key[0], key[1], key[2], key[3], key[4])] = "inserted" if seq > before else "replaced_error"
+                for inserted, *key in returned:
+                    written[(key[0], key[1], key[2], key[3], key[4])] = "inserted" if inserted else "replaced_error"
             items, groups = self._fold([r for r in rows if r.error is None and r.key in written])
         return StoredGrades([written.get(r.key, "exists") for r in rows], items, groups)
 
@@ -622,8 +680,10 @@ class Store:
                 items[ikey] = fold_grade(items[ikey], group, updated, (r.key[0], r.key[2]), passed, tracking.decay)
         for gpart in _parts(group_keys, _ROWS_PER_STATEMENT):
             self._db.execute(
-                "INSERT OR REPLACE INTO groups (iteration, sample_id, slot, n, mean, m2) VALUES "
-                + ",".join(["(?,?,?,?,?,?)"] * len(gpart)),
+                "INSERT INTO groups (iteration, sample_id, slot, n, mean, m2) VALUES "
+                + ",".join(["(?,?,?,?,?,?)"] * len(gpart))
+                + " ON CONFLICT (iteration, sample_id, slot) DO UPDATE SET n = excluded.n, mean = excluded.mean,"
+                " m2 = excluded.m2",
                 [v for k in gpart for v in (*k, groups[k].n, groups[k].mean, groups[k].m2)],
             )
         for ipart in _parts(record_keys, _ROWS_PER_STATEMENT):
@@ -654,8 +714,7 @@ class Store:
         ):
             out.setdefault(stage, {}).update(iterations=iterations, samples=samples or 0)
         for stage, graded, errors, reward_sum in self._db.execute(
-            "SELECT stage, SUM(error IS NULL), SUM(error IS NOT NULL), SUM(CASE WHEN error IS NULL THEN reward END)"
-            " FROM grades GROUP BY stage"
+            "SELECT stage, " + _GRADE_SUMS + " FROM grades GROUP BY stage"
         ):
             out.setdefault(stage, {}).update(graded=graded or 0, errors=errors or 0, reward_sum=reward_sum or 0.0)
         return {stage: StageTotals(**fields) for stage, fields in out.items()}
@@ -670,9 +729,10 @@ class Store:
 
     def item_rows(self, source: str) -> list[tuple[int, float, float, int, int, int]]:
         """Every stored record of ``source``: ``(key, passes, fails, groups, streak, served_epoch)``."""
-        return self._db.execute(
+        rows = self._db.execute(
             "SELECT key, passes, fails, groups, streak, served_epoch FROM items WHERE source = ?", (source,)
-        ).fetchall()
+        )
+        return [(key, passes, fails, groups, streak, served) for key, passes, fails, groups, streak, served in rows]
 
     def last_decision(self) -> tuple[int, dict[str, Any]] | None:
         """The latest iteration an adaptive stage decided, and the samplers' state after it."""
@@ -696,14 +756,14 @@ class Store:
         ):
             out[iteration] = {"stage": stage}
         for iteration, graded, errors, reward_sum in self._db.execute(
-            "SELECT iteration, SUM(error IS NULL), SUM(error IS NOT NULL), SUM(CASE WHEN error IS NULL THEN reward END)"
-            " FROM grades WHERE iteration >= ? GROUP BY iteration",
+            "SELECT iteration, " + _GRADE_SUMS + " FROM grades WHERE iteration >= ? GROUP BY iteration",
             (first,),
         ):
             if iteration in out:
                 out[iteration].update(graded=graded or 0, errors=errors or 0, reward_sum=reward_sum or 0.0)
         for iteration, counted, zero in self._db.execute(
-            f"SELECT iteration, SUM(n >= 2), SUM(n >= 2 AND m2 <= {ZERO_VARIANCE!r}) FROM groups WHERE iteration >= ?"
+            "SELECT iteration, SUM(CASE WHEN n >= 2 THEN 1 ELSE 0 END),"
+            f" SUM(CASE WHEN n >= 2 AND m2 <= {ZERO_VARIANCE!r} THEN 1 ELSE 0 END) FROM groups WHERE iteration >= ?"
             " GROUP BY iteration",
             (first,),
         ):
@@ -724,10 +784,11 @@ class Store:
 
     def recent_errors(self, limit: int) -> list[tuple[int, str, str]]:
         """The latest ``limit`` grader errors, newest first: ``(iteration, sample_id, error)``."""
-        return self._db.execute(
+        rows = self._db.execute(
             "SELECT iteration, sample_id, error FROM grades WHERE error IS NOT NULL ORDER BY seq DESC LIMIT ?",
             (limit,),
-        ).fetchall()
+        )
+        return [(iteration, sample_id, error) for iteration, sample_id, error in rows]
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
@@ -760,10 +821,21 @@ def _parts(items: list[T], size: int) -> Iterator[list[T]]:
         yield items[start : start + size]
 
 
-class _Transaction:
-    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on error."""
+def redacted(target: str) -> str:
+    """A state setting as messages show it: a database URL's password replaced by ``***``."""
+    if not is_postgresql(target):
+        return target
+    parts = urlsplit(target)
+    if parts.password is None:
+        return target
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+
+class _Transaction:
+    """A transaction (``BEGIN IMMEDIATE`` on SQLite) … ``COMMIT``, rolled back on error."""
+
+    def __init__(self, db: Database) -> None:
         self._db = db
         self._outer = False
 
@@ -771,8 +843,11 @@ class _Transaction:
         # Inside a transaction already (one the experience store began on the shared connection): part of it.
         self._outer = self._db.in_transaction
         if not self._outer:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._db.begin()
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if not self._outer:
-            self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+            if exc_type is None:
+                self._db.commit()
+            else:
+                self._db.rollback()

@@ -20,6 +20,7 @@ import uvicorn
 import yaml
 from fastapi import FastAPI
 
+from bench._postgresql import PostgreSQLCluster, cluster
 from proctor.cli.launcher import ServerProcess
 from proctor.server.app import create_app
 from proctor.server.connection import uvicorn_options
@@ -166,8 +167,40 @@ def write_tiny(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
     return lambda doc: write_curriculum(tmp_path / "edited-curriculum", doc)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--database",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="where the servers the tests start keep their state: SQLite files (default), or PostgreSQL databases "
+        "(each state file a test names, and each in-memory state, becomes a fresh database of its own)",
+    )
+
+
 @pytest.fixture
-def make_settings(curriculum_file: Path) -> Callable[..., Settings]:
+def state_target(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """``state_target(path)``: where a server the test starts keeps the state it would keep at ``path`` (a file,
+    or ``:memory:``): that path, or under ``--database postgresql`` a PostgreSQL database, the same for the same
+    path within a test."""
+    if request.config.getoption("--database") == "sqlite":
+        return lambda path: path
+    pg: PostgreSQLCluster = request.getfixturevalue("postgresql_cluster")
+    databases: dict[str, str] = {}
+
+    def target(path: str) -> str:
+        if path.startswith("postgresql://"):
+            return path
+        if path == ":memory:":
+            return pg.new_database()
+        if path not in databases:
+            databases[path] = pg.new_database()
+        return databases[path]
+
+    return target
+
+
+@pytest.fixture
+def make_settings(curriculum_file: Path, state_target: Callable[[str], str]) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
             "curriculum": curriculum_file,
@@ -176,6 +209,8 @@ def make_settings(curriculum_file: Path) -> Callable[..., Settings]:
             "grader_timeout_s": 2.0,
         }
         values.update(overrides)
+        if values["state"] is not None:
+            values["state"] = state_target(str(values["state"]))
         return Settings(**values)
 
     return make
@@ -248,11 +283,13 @@ def live_server(make_settings: Callable[..., Settings]) -> Callable[..., Abstrac
 
 
 @pytest.fixture
-def server_process(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    """Start ``proctor serve ARGS`` processes; all are stopped when the test ends."""
+def server_process(tmp_path: Path, state_target: Callable[[str], str]) -> Iterator[Callable[..., ServerProcess]]:
+    """Start ``proctor serve ARGS`` processes; all are stopped when the test ends. A ``--state`` in ARGS is
+    mapped by ``state_target`` (a PostgreSQL database under ``--database postgresql``)."""
     started: list[ServerProcess] = []
 
     def start(args: list[str], **kwargs: Any) -> ServerProcess:
+        args = [state_target(a) if n and args[n - 1] == "--state" else a for n, a in enumerate(args)]
         proc = ServerProcess(args, log=tmp_path / f"server-{len(started)}.log", **kwargs).start()
         started.append(proc)
         return proc
@@ -260,3 +297,16 @@ def server_process(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def postgresql_cluster() -> Iterator[PostgreSQLCluster]:
+    """A PostgreSQL server for the session (see ``bench/_postgresql.py``)."""
+    with cluster() as pg:
+        yield pg
+
+
+@pytest.fixture
+def postgresql_url(postgresql_cluster: PostgreSQLCluster) -> str:
+    """The URL of a fresh, empty PostgreSQL database."""
+    return postgresql_cluster.new_database()

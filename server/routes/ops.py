@@ -17,8 +17,9 @@ metrics_router = APIRouter(tags=["ops"])
 
 @health_router.get("/healthz", responses=error_responses(503))
 async def read_health(server: DataserverDep) -> Health:
-    """Liveness: answers from memory, without touching the store or the graders; 503 once the state file
-    has refused a write (the server then refuses work until it is restarted)."""
+    """Liveness: answers from memory, without touching the store or the graders; 503 once the state has
+    refused a write (a state file's server then refuses work until it is restarted; a PostgreSQL database's
+    opens it again by itself once it answers)."""
     server.ctx.storage.check_healthy()
     return Health(status="ok", curriculum=server.ctx.curriculum.name, last_iteration=server.last_iteration)
 

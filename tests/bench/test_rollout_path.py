@@ -39,5 +39,8 @@ def test_a_short_run_measures_both_servers_alike() -> None:
     lines = rollout_path.table(results).splitlines()
     assert lines[2].startswith("| /sample new iteration (batch 16) |")
     assert lines[3].startswith("| /grade (64 completions) |")
-    assert lines[8].startswith("| 2 `proctor grade-worker`s, 1 grader process each |")
-    assert all(re.search(r"\| \d+\.\d\d× \|", line) for line in [*lines[2:4], *lines[7:9]]), lines
+    assert set(results["postgresql"]) == {"sample", "grade"}  # the same loads, the state in PostgreSQL
+    assert lines[7].startswith("| /sample new iteration (batch 16) |")
+    assert lines[8].startswith("| /grade (64 completions) |")
+    assert lines[13].startswith("| 2 `proctor grade-worker`s, 1 grader process each |")
+    assert all(re.search(r"\| \d+\.\d\d× \|", line) for line in [*lines[2:4], *lines[7:9], *lines[12:14]]), lines

@@ -120,13 +120,15 @@ def test_a_state_file_of_another_curriculum_is_refused(
 
 
 def test_a_second_server_on_the_same_state_file_is_refused(
-    server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path
+    server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path, state_target: Callable[[str], str]
 ) -> None:
     state = tmp_path / "state.db"
     first = server_process([str(curriculum_file), "--state", str(state), "--grader-workers", "1"])
     with pytest.raises(RuntimeError, match="server exited with 2") as info:
         server_process([str(curriculum_file), "--state", str(state), "--grader-workers", "1"])
-    assert f"state file {state} is in use by another proctor serve" in str(info.value)
+    target = state_target(str(state))
+    held = f"database {target}" if target.startswith("postgresql://") else f"state file {state}"
+    assert f"{held} is in use by another proctor serve" in str(info.value)
     assert "Traceback" not in str(info.value)
     # The first serves on, and once it is gone (however it went) the file is free.
     assert httpx.post(first.url + "/sample", json={"iteration": 0, "batch_size": 2}).status_code == 200
@@ -136,7 +138,7 @@ def test_a_second_server_on_the_same_state_file_is_refused(
 
 
 def test_fresh_is_refused_while_a_server_holds_the_state_file(
-    server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path
+    server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path, state_target: Callable[[str], str]
 ) -> None:
     state = tmp_path / "state.db"
     first = server_process([str(curriculum_file), "--state", str(state), "--grader-workers", "1"])
@@ -144,5 +146,10 @@ def test_fresh_is_refused_while_a_server_holds_the_state_file(
     # On another port: only the file says that a server runs this state.
     with pytest.raises(RuntimeError, match="server exited with 2") as info:
         server_process([str(curriculum_file), "--state", str(state), "--fresh", "--grader-workers", "1"])
-    assert f"--fresh: state file {state} is in use by another proctor serve" in str(info.value)
+    target = state_target(str(state))
+    if target.startswith("postgresql://"):
+        # A database is never removed: --fresh says how to start over.
+        assert f"--fresh removes a state file, and the state is the PostgreSQL database {target}" in str(info.value)
+    else:
+        assert f"--fresh: state file {state} is in use by another proctor serve" in str(info.value)
     assert httpx.post(first.url + "/sample", json={"iteration": 0, "batch_size": 2}).json() == batch

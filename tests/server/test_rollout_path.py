@@ -160,13 +160,41 @@ def test_a_completion_graded_with_an_error_is_graded_again_in_a_row_of_its_own(
         assert table["written"]["reward"] == 2
 
 
-def test_a_grade_and_its_reward_are_written_in_one_transaction(live_server: Callable[..., Any], tmp_path: Path) -> None:
-    state = tmp_path / "state.db"
-    with live_server(state=str(state)) as url:
-        samples = sample(url, 0)
-        # The state file refuses every grade from now on, as a full disk would.
+def refuse_grades(state: str) -> None:
+    """Make the state refuse every grade from now on, as a full disk would."""
+    if state.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(state, autocommit=True) as pg:
+            pg.execute(
+                "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE 'disk full'; END $$"
+            )
+            pg.execute("CREATE TRIGGER refuse BEFORE INSERT ON grades FOR EACH ROW EXECUTE FUNCTION refuse()")
+        return
+    with sqlite3.connect(state) as db:
+        db.execute("CREATE TRIGGER refuse BEFORE INSERT ON grades BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+
+
+def rows_in(state: str, table: str) -> int:
+    if state.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(state) as pg:
+            found = pg.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
+    else:
         with sqlite3.connect(state) as db:
-            db.execute("CREATE TRIGGER refuse BEFORE INSERT ON grades BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+            found = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+def test_a_grade_and_its_reward_are_written_in_one_transaction(
+    live_server: Callable[..., Any], tmp_path: Path, state_target: Callable[[str], str]
+) -> None:
+    state = state_target(str(tmp_path / "state.db"))
+    with live_server(state=state) as url:
+        samples = sample(url, 0)
+        refuse_grades(state)
         items = [{"sample_id": s["sample_id"], "slot": slot, "completion": "7"} for slot, s in enumerate(samples)]
         answer = grade(url, items, iteration=0)
         assert answer.status_code == 503, answer.text
@@ -174,9 +202,7 @@ def test_a_grade_and_its_reward_are_written_in_one_transaction(live_server: Call
         # The completions were written before grading; their rewards went with the refused grades.
         written = httpx.get(url + "/experience/tables/0").json()["written"]
         assert (written["completion"], "reward" in written) == (BATCH, False)
-    with sqlite3.connect(state) as db:
-        assert db.execute("SELECT COUNT(*) FROM grades").fetchone() == (0,)
-        assert db.execute("SELECT COUNT(*) FROM groups").fetchone() == (0,)
+    assert (rows_in(state, "grades"), rows_in(state, "groups")) == (0, 0)
 
 
 def test_export_numbers_the_attempts_at_a_step_generated_again(live_server: Callable[..., Any], tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The SQLite store on its own: binding, iterations, idempotent grades, what a reopen sees."""
+"""The store on its own, on SQLite and on PostgreSQL: binding, iterations, idempotent grades, what a reopen sees;
+and SQLite's own (the WAL, migrations of older files)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,30 @@ from pathlib import Path
 import pytest
 
 from proctor.server.curriculum.engine import TransitionRecord
-from proctor.server.store import NO_SLOT, GradeRow, IterationRow, StateInUseError, StateMismatchError, Store
+from proctor.server.store import (
+    NO_SLOT,
+    GradeRow,
+    IterationRow,
+    StateInUseError,
+    StateMismatchError,
+    Store,
+    redacted,
+)
 
 
-def open_store(path: Path) -> Store:
+def open_store(path: Path | str) -> Store:
     store = Store(path)
     store.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
     return store
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def state(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a store keeps its state: a SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "s.db")
+    url: str = request.getfixturevalue("postgresql_url")
+    return url
 
 
 def grade_row(key_suffix: int, *, reward: float = 1.0, error: str | None = None, stage: int = 0) -> GradeRow:
@@ -23,9 +41,9 @@ def grade_row(key_suffix: int, *, reward: float = 1.0, error: str | None = None,
     return GradeRow(key, stage, "add", reward, {"numeric": reward}, error)
 
 
-def test_a_state_file_belongs_to_one_curriculum(tmp_path: Path) -> None:
-    open_store(tmp_path / "s.db").close()
-    other = Store(tmp_path / "s.db")
+def test_a_state_file_belongs_to_one_curriculum(state: str) -> None:
+    open_store(state).close()
+    other = Store(state)
     with pytest.raises(StateMismatchError, match=r"belongs to curriculum 'tiny' \(hash abc, seed 1\)") as info:
         other.bind(curriculum="tiny", curriculum_hash="def", seed=1)
     assert "start a new run with another --run name or --state path (PROCTOR_RUN, PROCTOR_STATE)" in str(info.value)
@@ -35,26 +53,31 @@ def test_a_state_file_belongs_to_one_curriculum(tmp_path: Path) -> None:
     other.close()
 
 
-def test_a_state_file_serves_one_store_at_a_time(tmp_path: Path) -> None:
-    path = tmp_path / "s.db"
-    held = open_store(path)
+def test_a_state_file_serves_one_store_at_a_time(state: str) -> None:
+    held = open_store(state)
     with pytest.raises(StateInUseError) as info:
-        Store(path)
-    assert str(info.value) == (
-        f"state file {path} is in use by another proctor serve; stop that one, or give this one another --run or "
-        "--state (PROCTOR_RUN, PROCTOR_STATE). One state file serves one process"
-    )
+        Store(state)
+    if state.startswith("postgresql://"):
+        assert str(info.value) == (
+            f"database {state} is in use by another proctor serve; stop that one, or give this one another database "
+            "(PROCTOR_STATE). One database serves one process"
+        )
+    else:
+        assert str(info.value) == (
+            f"state file {state} is in use by another proctor serve; stop that one, or give this one another --run "
+            "or --state (PROCTOR_RUN, PROCTOR_STATE). One state file serves one process"
+        )
     held.close()
-    open_store(path).close()  # free again once closed
+    open_store(state).close()  # free again once closed
 
 
-def test_iterations_and_transitions_survive_a_reopen(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "s.db")
+def test_iterations_and_transitions_survive_a_reopen(state: str) -> None:
+    store = open_store(state)
     samples = [{"sample_id": "add:0123456789:0", "prompt": "p"}]
     transition = TransitionRecord(3, 0, 1, "gate", 0.9, 4)
     store.record_iteration(IterationRow(3, 1, 1, samples), [transition])
     store.close()
-    again = open_store(tmp_path / "s.db")
+    again = open_store(state)
     assert again.get_iteration(3) == IterationRow(3, 1, 1, samples)
     assert again.get_iteration(4) is None
     assert again.transitions() == [transition]
@@ -63,10 +86,10 @@ def test_iterations_and_transitions_survive_a_reopen(tmp_path: Path) -> None:
     again.close()
 
 
-def test_a_duplicate_iteration_is_refused_atomically(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "s.db")
+def test_a_duplicate_iteration_is_refused_atomically(state: str) -> None:
+    store = open_store(state)
     store.record_iteration(IterationRow(0, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])
-    with pytest.raises(Exception, match="UNIQUE"):
+    with pytest.raises(Exception, match=r"(?i)unique"):
         store.record_iteration(
             IterationRow(0, 1, 0, [{"sample_id": "a:0123456789:0"}]), [TransitionRecord(0, 0, 1, "x")]
         )
@@ -75,8 +98,8 @@ def test_a_duplicate_iteration_is_refused_atomically(tmp_path: Path) -> None:
     store.close()
 
 
-def test_grade_outcomes(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "s.db")
+def test_grade_outcomes(state: str) -> None:
+    store = open_store(state)
     assert store.insert_grades([grade_row(1), grade_row(2, error="boom", reward=-1)]).outcomes == [
         "inserted",
         "inserted",
@@ -94,12 +117,12 @@ def test_grade_outcomes(tmp_path: Path) -> None:
     store.close()
 
 
-def test_stage_totals_and_recent_rewards(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "s.db")
+def test_stage_totals_and_recent_rewards(state: str) -> None:
+    store = open_store(state)
     store.record_iteration(IterationRow(0, 2, 0, [{"sample_id": f"a:0123456789:{i}"} for i in range(2)]), [])
     store.insert_grades([grade_row(i, reward=i / 10) for i in range(5)] + [grade_row(9, error="x", reward=-1)])
     store.close()
-    again = open_store(tmp_path / "s.db")
+    again = open_store(state)
     totals = again.stage_totals()[0]
     assert (totals.iterations, totals.samples, totals.graded, totals.errors) == (1, 2, 5, 1)
     assert totals.reward_sum == pytest.approx(1.0)
@@ -182,8 +205,8 @@ def test_a_version_1_state_file_is_migrated_in_place(tmp_path: Path) -> None:
     again.close()
 
 
-def test_a_grade_is_keyed_by_its_slot(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "s.db")
+def test_a_grade_is_keyed_by_its_slot(state: str) -> None:
+    store = open_store(state)
     one = grade_row(1)  # no slot
     other = GradeRow((0, "add:0123456789:1", 5, 0, "sha"), 0, "add", 0.0, {}, None)
     assert store.insert_grades([one, other]).outcomes == ["inserted", "inserted"]
@@ -192,8 +215,8 @@ def test_a_grade_is_keyed_by_its_slot(tmp_path: Path) -> None:
     store.close()
 
 
-def test_the_served_index_keeps_the_latest_iteration(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "s.db")
+def test_the_served_index_keeps_the_latest_iteration(state: str) -> None:
+    store = open_store(state)
     store.record_iteration(IterationRow(7, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])
     store.record_iteration(IterationRow(3, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])  # an earlier gap filled
     assert store.latest_served(["a:0123456789:0"]) == {"a:0123456789:0": 7}
@@ -224,3 +247,26 @@ print("ok")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "ok"
+
+
+def test_a_database_url_is_shown_without_its_password() -> None:
+    assert redacted("postgresql://proctor:s3cret@db:5432/runs") == "postgresql://proctor:***@db:5432/runs"
+    assert redacted("postgresql://proctor@db/runs") == "postgresql://proctor@db/runs"
+    assert redacted("/srv/state.db") == "/srv/state.db"
+
+
+def test_rewards_keep_double_precision(state: str) -> None:
+    store = open_store(state)
+    reward = 0.1 + 2**-40
+    store.insert_grades([grade_row(1, reward=reward)])
+    assert store.find_grades([grade_row(1).key])[grade_row(1).key].reward == reward
+    store.close()
+
+
+def test_a_state_beyond_32_bits(state: str) -> None:
+    store = open_store(state)
+    big = 2**53 - 1
+    store.record_iteration(IterationRow(big, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])
+    assert store.last_iteration() == big
+    assert store.latest_served(["a:0123456789:0"]) == {"a:0123456789:0": big}
+    store.close()
