@@ -146,32 +146,29 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
     return results
 
 
-def table(results: dict[str, Any]) -> str:
+def _compared(
+    results: dict[str, Any], side: str, base: str, heads: tuple[str, str, str], targets: dict[str, str]
+) -> list[str]:
+    """Rows of ``/sample`` and ``/grade``: ``side``'s rates and p99 beside ``base``'s, and their ratio."""
     lines = [
-        "| endpoint | proctor req/s | proctor p99 ms | baseline req/s | baseline p99 ms | proctor ÷ baseline "
+        f"| endpoint | {heads[0]} req/s | {heads[0]} p99 ms | {heads[1]} req/s | {heads[1]} p99 ms | {heads[2]} "
         "| target |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for key in ("sample", "grade"):
-        p, b = Row(**results["proctor"][key]), Row(**results["baseline"][key])
-        ratio = p.per_second / b.per_second if b.per_second else float("nan")
+        a, b = Row(**results[side][key]), Row(**results[base][key])
+        ratio = a.per_second / b.per_second if b.per_second else float("nan")
         lines.append(
-            f"| {p.name} | {p.per_second:.0f} | {p.p99_ms:.1f} | {b.per_second:.0f} | {b.p99_ms:.1f} | "
-            f"{ratio:.2f}× | {TARGETS[key]} |"
+            f"| {a.name} | {a.per_second:.0f} | {a.p99_ms:.1f} | {b.per_second:.0f} | {b.p99_ms:.1f} | "
+            f"{ratio:.2f}× | {targets[key]} |"
         )
-    lines += [
-        "",
-        "| endpoint | state in SQLite: req/s | p99 ms | state in PostgreSQL: req/s | p99 ms | PostgreSQL ÷ SQLite "
-        "| target |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for key in ("sample", "grade"):
-        q, p = Row(**results["postgresql"][key]), Row(**results["proctor"][key])
-        ratio = q.per_second / p.per_second if p.per_second else float("nan")
-        lines.append(
-            f"| {p.name} | {p.per_second:.0f} | {p.p99_ms:.1f} | {q.per_second:.0f} | {q.p99_ms:.1f} | {ratio:.2f}× | "
-            f"{POSTGRESQL_TARGETS[key]} |"
-        )
+    return lines
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = _compared(results, "proctor", "baseline", ("proctor", "baseline", "proctor ÷ baseline"), TARGETS)
+    heads = ("PostgreSQL", "SQLite", "PostgreSQL ÷ SQLite")
+    lines += ["", *_compared(results, "postgresql", "proctor", heads, POSTGRESQL_TARGETS)]
     remote, local = Row(**results["remote"]), Row(**results["proctor"]["grade"])
     lines += [
         "",

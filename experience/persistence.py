@@ -316,6 +316,29 @@ class ExperienceTables:
             (iteration, name, _blob(slots), None if indices is None else _blob(indices), cells),
         )
 
+    def add_chunks(
+        self,
+        iteration: int,
+        chunks: Sequence[tuple[str, npt.NDArray[np.integer], npt.NDArray[np.integer] | None, bytes]],
+    ) -> list[int]:
+        """:meth:`add_chunk` for several columns of one write, ``(name, slots, indices, cells)`` each; returns
+        their ids in order. On PostgreSQL one statement (a round trip to the server is the cost there)."""
+        if self._db.dialect == "sqlite" or len(chunks) < 2:
+            return [self.add_chunk(iteration, name, slots, indices, cells) for name, slots, indices, cells in chunks]
+        rows = [
+            (iteration, name, _blob(slots), None if indices is None else _blob(indices), cells)
+            for name, slots, indices, cells in chunks
+        ]
+        returned = self._db.execute(
+            "INSERT INTO experience_chunks (iteration, name, slots, indices, cells) VALUES "
+            + ",".join(["(?, ?, ?, ?, ?)"] * len(rows))
+            + " RETURNING id, name",
+            [v for row in rows for v in row],
+        ).fetchall()
+        # A write's columns have distinct names: its ids by name, in the order asked (whatever order rows return).
+        ids = {name: int(id_) for id_, name in returned}
+        return [ids[name] for name, *_ in chunks]
+
     def add_lease(self, lease: Lease) -> None:
         self._db.execute(
             "INSERT INTO experience_leases (lease, consumer, iteration, slots, indices, expires_at, state)"

@@ -713,12 +713,11 @@ class ExperienceStore:
     def _store_cells(self, table: _Table, fresh: Mapping[str, _Fresh]) -> dict[str, tuple[int, bytes]]:
         """Write :meth:`_fresh_cells`' cells, a chunk per column, inside the caller's transaction; returns each
         column's chunk id and cells."""
-        stored = {}
-        for name, f in fresh.items():
-            if f.cells:
-                blob = pack_cells(f.cells)
-                stored[name] = (self._db.add_chunk(table.iteration, name, f.slots, f.indices, blob), blob)
-        return stored
+        names = [name for name, f in fresh.items() if f.cells]
+        blobs = [pack_cells(fresh[name].cells) for name in names]
+        chunks = [(name, fresh[name].slots, fresh[name].indices, blob) for name, blob in zip(names, blobs, strict=True)]
+        ids = self._db.add_chunks(table.iteration, chunks)
+        return {name: (chunk, blob) for name, chunk, blob in zip(names, ids, blobs, strict=True)}
 
     def _mark_written(
         self, table: _Table, fresh: Mapping[str, _Fresh], stored: Mapping[str, tuple[int, bytes]]

@@ -178,6 +178,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.fixture
+def database(request: pytest.FixtureRequest) -> str:
+    """Where the servers this run of the tests starts keep their state: ``sqlite`` or ``postgresql``."""
+    kind: str = request.config.getoption("--database")
+    return kind
+
+
+@pytest.fixture
 def state_target(request: pytest.FixtureRequest) -> Callable[[str], str]:
     """``state_target(path)``: where a server the test starts keeps the state it would keep at ``path`` (a file,
     or ``:memory:``): that path, or under ``--database postgresql`` a PostgreSQL database, the same for the same
