@@ -33,6 +33,9 @@ _TYPES = (
 )
 
 
+_CASTS: dict[str, Callable[[Any], Any]] = {"double precision": float, "bigint": int}
+
+
 def is_postgresql(target: str) -> bool:
     """Whether ``target`` (a state setting) names a PostgreSQL database rather than a SQLite file."""
     return target.startswith(_POSTGRESQL)
@@ -124,6 +127,22 @@ class Database:
         for pattern, replacement in _TYPES:
             schema = pattern.sub(replacement, schema)
         return schema
+
+    def rows(self, types: Sequence[str], rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
+        """A set of ``rows`` (columns of the PostgreSQL ``types``, e.g. ``bigint``, ``text``) to select from or
+        insert: ``VALUES (?, ?), …`` on SQLite; on PostgreSQL ``SELECT * FROM unnest(?::bigint[], …)``, a short
+        statement with one array per column, which psycopg neither parses again nor binds value by value.
+        Returns the SQL and its parameters; ``INSERT INTO t (…) <sql>`` and ``WITH k (…) AS (<sql>)`` take it."""
+        if self.dialect == "sqlite":
+            marks = "(" + ",".join("?" * len(types)) + ")"
+            return "VALUES " + ",".join([marks] * len(rows)), [v for row in rows for v in row]
+        arrays = ", ".join(f"?::{t}[]" for t in types)
+        columns = []
+        for type_, column in zip(types, zip(*rows, strict=True), strict=True):
+            # An array holds one Python type: 1 and 0.5 in one float column are both floats to psycopg.
+            cast = _CASTS.get(type_)
+            columns.append(list(column) if cast is None else [None if v is None else cast(v) for v in column])
+        return f"SELECT * FROM unnest({arrays})", columns
 
     def table_exists(self, name: str) -> bool:
         if self.dialect == "sqlite":

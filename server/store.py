@@ -64,6 +64,10 @@ _GRADE_SUMS = (
     "SUM(CASE WHEN error IS NULL THEN 1 ELSE 0 END), SUM(CASE WHEN error IS NULL THEN 0 ELSE 1 END),"
     " SUM(CASE WHEN error IS NULL THEN reward END)"
 )
+# The PostgreSQL types of the keys that statements take sets of (see Database.rows).
+_GRADE_KEY = ("bigint", "text", "bigint", "bigint", "text")  # iteration, sample_id, slot, completion_index, sha
+_GROUP_KEY = ("bigint", "text", "bigint")  # iteration, sample_id, slot
+_RECORD_KEY = ("text", "bigint")  # source, key
 # The advisory lock a server holds on its PostgreSQL database (any number: the database is proctor's).
 _ADVISORY_KEY = 0x70726F63746F72
 NO_SLOT = -1  # the slot of a grade whose client did not send one (it is told apart by its sample_id alone)
@@ -481,11 +485,11 @@ class Store:
             (iteration, stage, decision.sampler, json.dumps(decision.state), json.dumps(decision.detail)),
         )
         for part in _parts(list(decision.served), _ROWS_PER_STATEMENT):
+            rows, params = self._db.rows(("text", "bigint", "bigint"), part)
             self._db.execute(
-                "INSERT INTO items (source, key, served_epoch) VALUES "
-                + ",".join(["(?,?,?)"] * len(part))
-                + " ON CONFLICT (source, key) DO UPDATE SET served_epoch = excluded.served_epoch",
-                [v for entry in part for v in entry],
+                f"INSERT INTO items (source, key, served_epoch) {rows}"
+                " ON CONFLICT (source, key) DO UPDATE SET served_epoch = excluded.served_epoch",
+                params,
             )
 
     def adopt_transitions(self, transitions: Sequence[TransitionRecord], decided_through: int | None) -> None:
@@ -565,12 +569,12 @@ class Store:
         """The stored state of the records ``(source, key)`` that have one."""
         out: dict[tuple[str, int], ItemState] = {}
         for part in _parts(sorted(set(keys)), _KEYS_PER_STATEMENT):
-            values = ",".join(["(?,?)"] * len(part))
+            values, params = self._reader.rows(_RECORD_KEY, part)
             rows = self._reader.execute(
-                f"WITH k (source, key) AS (VALUES {values}) SELECT i.source, i.key, i.passes, i.fails, i.groups,"
+                f"WITH k (source, key) AS ({values}) SELECT i.source, i.key, i.passes, i.fails, i.groups,"
                 " i.streak, i.streak_before, i.last_iteration, i.last_slot, i.served_epoch"
                 " FROM k JOIN items AS i USING (source, key)",
-                [v for k in part for v in k],
+                params,
             )
             for source, key, passes, fails, groups, streak, before, iteration, slot, served in rows:
                 out[(source, key)] = ItemState(passes, fails, groups, streak, before, (iteration, slot), served)
@@ -582,13 +586,13 @@ class Store:
         """The stored grades of ``keys`` (keys without one are absent), a statement per few hundred keys."""
         out: dict[GradeKey, GradeRow] = {}
         for part in _parts(list(keys), _KEYS_PER_STATEMENT):
-            values = ",".join(["(?,?,?,?,?)"] * len(part))
+            values, params = self._reader.rows(_GRADE_KEY, part)
             rows = self._reader.execute(
-                f"WITH k (iteration, sample_id, slot, completion_index, completion_sha) AS (VALUES {values})"
+                f"WITH k (iteration, sample_id, slot, completion_index, completion_sha) AS ({values})"
                 " SELECT g.iteration, g.sample_id, g.slot, g.completion_index, g.completion_sha, g.stage, g.source,"
                 " g.reward, g.components, g.error FROM k JOIN grades AS g"
                 " USING (iteration, sample_id, slot, completion_index, completion_sha)",
-                [v for key in part for v in key],
+                params,
             )
             for *key, stage, source, reward, components, error in rows:
                 k: GradeKey = (key[0], key[1], key[2], key[3], key[4])
@@ -618,21 +622,19 @@ class Store:
                 (before,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM grades").fetchone()
             new, after = ("xmax = 0", []) if postgresql else ("seq > ?", [before])
             for part in _parts(list(rows), _ROWS_PER_STATEMENT):
-                values = ",".join(["(?,?,?,?,?,?,?,?,?,?,?)"] * len(part))
+                values, params = self._db.rows(
+                    (*_GRADE_KEY, "bigint", "text", "double precision", "text", "text", "double precision"),
+                    [(*r.key, r.stage, r.source, r.reward, json.dumps(r.components), r.error, now) for r in part],
+                )
                 returned = self._db.execute(
                     "INSERT INTO grades (iteration, sample_id, slot, completion_index, completion_sha, stage, source,"
-                    f" reward, components, error, created_at) VALUES {values}"
+                    f" reward, components, error, created_at) {values}"
                     " ON CONFLICT (iteration, sample_id, slot, completion_index, completion_sha) DO UPDATE SET"
                     " stage = excluded.stage, source = excluded.source, reward = excluded.reward,"
                     " components = excluded.components, error = excluded.error, created_at = excluded.created_at"
                     " WHERE grades.error IS NOT NULL"
                     f" RETURNING {new}, iteration, sample_id, slot, completion_index, completion_sha",
-                    [
-                        v
-                        for r in part
-                        for v in (*r.key, r.stage, r.source, r.reward, json.dumps(r.components), r.error, now)
-                    ]
-                    + after,
+                    params + after,
                 ).fetchall()
                 for inserted, *key in returned:
                     written[(key[0], key[1], key[2], key[3], key[4])] = "inserted" if inserted else "replaced_error"
@@ -646,11 +648,11 @@ class Store:
         group_keys = list(dict.fromkeys((r.key[0], r.key[1], r.key[2]) for r in rows))
         groups = dict.fromkeys(group_keys, NEW_GROUP)
         for gpart in _parts(group_keys, _KEYS_PER_STATEMENT):
-            values = ",".join(["(?,?,?)"] * len(gpart))
+            values, params = self._db.rows(_GROUP_KEY, gpart)
             for iteration, sample_id, slot, n, mean, m2 in self._db.execute(
-                f"WITH k (iteration, sample_id, slot) AS (VALUES {values}) SELECT g.iteration, g.sample_id, g.slot,"
+                f"WITH k (iteration, sample_id, slot) AS ({values}) SELECT g.iteration, g.sample_id, g.slot,"
                 " g.n, g.mean, g.m2 FROM k JOIN groups AS g USING (iteration, sample_id, slot)",
-                [v for gkey in gpart for v in gkey],
+                params,
             ):
                 groups[(iteration, sample_id, slot)] = GroupState(n, mean, m2)
         first = dict(groups)
@@ -659,12 +661,12 @@ class Store:
         )
         items = {k: ItemState() for k in record_keys}
         for ipart in _parts(record_keys, _KEYS_PER_STATEMENT):
-            values = ",".join(["(?,?)"] * len(ipart))
+            values, params = self._db.rows(_RECORD_KEY, ipart)
             for source, record, *fields in self._db.execute(
-                f"WITH k (source, key) AS (VALUES {values}) SELECT i.source, i.key, i.passes, i.fails, i.groups,"
+                f"WITH k (source, key) AS ({values}) SELECT i.source, i.key, i.passes, i.fails, i.groups,"
                 " i.streak, i.streak_before, i.last_iteration, i.last_slot, i.served_epoch"
                 " FROM k JOIN items AS i USING (source, key)",
-                [v for ikey in ipart for v in ikey],
+                params,
             ):
                 passes, fails, n_groups, streak, streak_before, last_iteration, last_slot, served = fields
                 items[(source, record)] = ItemState(
@@ -679,28 +681,42 @@ class Store:
                 passed = r.reward >= tracking.pass_thresholds.get(r.source, 1.0)
                 items[ikey] = fold_grade(items[ikey], group, updated, (r.key[0], r.key[2]), passed, tracking.decay)
         for gpart in _parts(group_keys, _ROWS_PER_STATEMENT):
+            values, params = self._db.rows(
+                (*_GROUP_KEY, "bigint", "double precision", "double precision"),
+                [(*k, groups[k].n, groups[k].mean, groups[k].m2) for k in gpart],
+            )
             self._db.execute(
-                "INSERT INTO groups (iteration, sample_id, slot, n, mean, m2) VALUES "
-                + ",".join(["(?,?,?,?,?,?)"] * len(gpart))
-                + " ON CONFLICT (iteration, sample_id, slot) DO UPDATE SET n = excluded.n, mean = excluded.mean,"
+                f"INSERT INTO groups (iteration, sample_id, slot, n, mean, m2) {values}"
+                " ON CONFLICT (iteration, sample_id, slot) DO UPDATE SET n = excluded.n, mean = excluded.mean,"
                 " m2 = excluded.m2",
-                [v for k in gpart for v in (*k, groups[k].n, groups[k].mean, groups[k].m2)],
+                params,
             )
         for ipart in _parts(record_keys, _ROWS_PER_STATEMENT):
             # served_epoch is the sampler's to write (with the iterations), never the grades'.
-            self._db.execute(
-                "INSERT INTO items (source, key, passes, fails, groups, streak, streak_before, last_iteration,"
-                " last_slot) VALUES "
-                + ",".join(["(?,?,?,?,?,?,?,?,?)"] * len(ipart))
-                + " ON CONFLICT (source, key) DO UPDATE SET passes = excluded.passes, fails = excluded.fails,"
-                " groups = excluded.groups, streak = excluded.streak, streak_before = excluded.streak_before,"
-                " last_iteration = excluded.last_iteration, last_slot = excluded.last_slot",
+            values, params = self._db.rows(
+                (
+                    *_RECORD_KEY,
+                    "double precision",
+                    "double precision",
+                    "bigint",
+                    "bigint",
+                    "bigint",
+                    "bigint",
+                    "bigint",
+                ),
                 [
-                    v
+                    (*k, st.passes, st.fails, st.groups, st.streak, st.streak_before, *st.last_group)
                     for k in ipart
                     for st in (items[k],)
-                    for v in (*k, st.passes, st.fails, st.groups, st.streak, st.streak_before, *st.last_group)
                 ],
+            )
+            self._db.execute(
+                "INSERT INTO items (source, key, passes, fails, groups, streak, streak_before, last_iteration,"
+                f" last_slot) {values}"
+                " ON CONFLICT (source, key) DO UPDATE SET passes = excluded.passes, fails = excluded.fails,"
+                " groups = excluded.groups, streak = excluded.streak, streak_before = excluded.streak_before,"
+                " last_iteration = excluded.last_iteration, last_slot = excluded.last_slot",
+                params,
             )
         changes = [GroupChange(k[0], first[k], groups[k]) for k in group_keys]
         return [(source, key, items[(source, key)]) for source, key in record_keys], changes
