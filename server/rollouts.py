@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 from proctor.experience import (
     CellsMissingError,
     Collected,
-    Dispatch,
     ExperienceError,
     ExperienceInputError,
     ExperienceStore,
@@ -52,7 +51,7 @@ from proctor.server.sampling import SamplingService
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.store import NO_SLOT, GradeKey, GradeRow, IterationRow, Store, StoredGrades
 
-__all__ = ["Completion", "Enqueued", "Recorded", "Rollouts", "Signal", "grade_key", "reference"]
+__all__ = ["Completion", "Graded", "Recorded", "Rollouts", "Signal", "Written", "grade_key", "reference"]
 
 T = TypeVar("T")
 
@@ -81,13 +80,25 @@ class Completion:
 
 
 @dataclass(frozen=True, slots=True)
-class Enqueued:
-    """Where :meth:`Rollouts.enqueue` put each completion (``(table, slot, index)``, in the order given), and
-    the leases it took on those rows for the caller to grade (with ``claim``; they carry no columns: the
-    caller holds the values it wrote)."""
+class Graded:
+    """A completion that a ``/grade`` graded itself, as the grader role, before writing anything: its reward,
+    the reward's detail (``reward_detail``'s cell) and its grade."""
+
+    completion: Completion
+    reward: float
+    detail: Value
+    grade: GradeRow
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """Where :meth:`Rollouts.write_graded` put each completion (``(table, slot, index)``, in the order given),
+    which of those rows it collected the rewards of (the others another holder of the grader role held), and
+    the grades a concurrent request had stored first."""
 
     rows: list[tuple[int, int, int]]
-    leases: list[Dispatch]
+    collected: set[tuple[int, int, int]]
+    raced: set[GradeKey]
 
 
 class Rollouts:
@@ -182,15 +193,27 @@ class Rollouts:
         await x.call(_put, x.store, iteration, body)
         await self.written.notify()
 
-    async def enqueue(self, completions: Sequence[Completion], *, claim: bool, lease_s: float) -> Enqueued:
-        """Write completions to their rows (a step's slot, or the step's loose completions), and with
-        ``claim`` lease those not graded yet to the caller, as the grader role, in the same call."""
+    async def enqueue(self, completions: Sequence[Completion]) -> list[tuple[int, int, int]]:
+        """Write completions to their rows (a step's slot, or the step's loose completions), for the grader
+        role elsewhere (remote grade-workers, which poll); returns each one's ``(table, slot, index)``."""
         x = self.experience
+        return await x.call(_enqueue, x.store, self._loose, completions, self._stage_names(completions))
+
+    async def write_graded(self, graded: Sequence[Graded], *, lease_s: float) -> Written:
+        """Write completions the caller graded, with their rewards and grades, in one store call and one
+        transaction: each to its row, leased to the caller as the grader role and collected at once (so that
+        the role elsewhere never takes it), the grades stored and folded into the records' statistics. A row
+        another holder of the role had leased first is left to it (see :meth:`rewards`)."""
+        x = self.experience
+        names = self._stage_names([g.completion for g in graded])
+        written, recorded = await x.call(_write_graded, x.store, x.state, self._loose, graded, names, lease_s)
+        for r in recorded:
+            await self._counted(r)
+        return written
+
+    def _stage_names(self, completions: Sequence[Completion]) -> dict[int, str]:
         stages = {c.step: self.ctx.progress.stage_of(c.step) for c in completions}
-        names = {step: self.ctx.curriculum.stages[stage].name for step, stage in stages.items()}
-        enqueued = await x.call(_enqueue, x.store, self._loose, completions, names, claim, lease_s)
-        # No wake-up: the rows are leased to the caller, or wait for remote grade-workers, which poll.
-        return enqueued
+        return {step: self.ctx.curriculum.stages[stage].name for step, stage in stages.items()}
 
     async def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> Recorded:
         """Collect a lease. A collection by the grader role is also a grade: stored in the state file (read from
@@ -199,16 +222,6 @@ class Rollouts:
         x = self.experience
         recorded = await x.call(_collect_and_record, x.store, x.state, lease, columns, self._stage_of)
         await self._counted(recorded)
-        return recorded
-
-    async def collect_many(
-        self, collections: Sequence[tuple[str, Mapping[str, Sequence[Value]], Sequence[GradeRow]]]
-    ) -> list[Recorded]:
-        """:meth:`collect` for several leases with their grades, in one store call and one transaction."""
-        x = self.experience
-        recorded = await x.call(_collect_all, x.store, x.state, collections)
-        for r in recorded:
-            await self._counted(r)
         return recorded
 
     async def collect_wire(self, lease: str, body: dw.CollectRequest) -> Collected:
@@ -551,30 +564,55 @@ def _enqueue(
     loose_slots: dict[int, dict[tuple[int, str, int], list[int]]],
     completions: Sequence[Completion],
     stage_names: Mapping[int, str],
-    claim: bool,
-    lease_s: float,
-) -> Enqueued:
+) -> list[tuple[int, int, int]]:
     """:meth:`Rollouts.enqueue` on the store's thread: every call of the store's runs there one at a time, so
     what this reads is still so when it writes. The request is checked first (a refused one writes nothing),
-    then its writes and its lease are one commit."""
+    then its writes are one commit."""
+    _check_indices(experience, completions)
+    try:
+        with experience.batch():
+            return _place(experience, loose_slots, completions, stage_names)
+    except BaseException:
+        loose_slots.clear()  # slots the batch added were rolled back with it: read the tables again
+        raise
+
+
+def _write_graded(
+    experience: ExperienceStore,
+    state: Store,
+    loose_slots: dict[int, dict[tuple[int, str, int], list[int]]],
+    graded: Sequence[Graded],
+    stage_names: Mapping[int, str],
+    lease_s: float,
+) -> tuple[Written, list[Recorded]]:
+    """:meth:`Rollouts.write_graded` on the store's thread: the completions placed, their rows leased to the
+    grader role and collected with their rewards, their grades stored, in one transaction."""
+    completions = [g.completion for g in graded]
     _check_indices(experience, completions)
     try:
         with experience.batch():
             rows = _place(experience, loose_slots, completions, stage_names)
-            leases: list[Dispatch] = []
-            if claim:
-                by_table: dict[int, list[RowKey]] = {}
-                for table, slot, index in rows:
-                    by_table.setdefault(table, []).append((slot, index))
-                for table, keys in by_table.items():
-                    # The caller grades what it just wrote: nothing to read back.
-                    lease = experience.claim(col.GRADER.name, table, keys, lease_s=lease_s, read=False)
-                    if lease.lease is not None:
-                        leases.append(lease)
-            return Enqueued(rows, leases)
+            at = {row: n for n, row in enumerate(rows)}
+            by_table: dict[int, list[RowKey]] = {}
+            for table, slot, index in rows:
+                by_table.setdefault(table, []).append((slot, index))
+            collections: list[tuple[str, Mapping[str, Sequence[Value]], Sequence[GradeRow]]] = []
+            collected: set[tuple[int, int, int]] = set()
+            for table, keys in by_table.items():
+                # Rows already graded, or held by another holder of the role, are left out of the lease.
+                lease = experience.claim(col.GRADER.name, table, keys, lease_s=lease_s, read=False)
+                if lease.lease is None:
+                    continue
+                mine = [graded[at[(table, slot, index)]] for slot, index in lease.rows]
+                columns = {col.REWARD: [g.reward for g in mine], col.REWARD_DETAIL: [g.detail for g in mine]}
+                collections.append((lease.lease, columns, [g.grade for g in mine]))
+                collected.update((table, slot, index) for slot, index in lease.rows)
+            recorded = _collect_all(experience, state, collections)
     except BaseException:
         loose_slots.clear()  # slots the batch added were rolled back with it: read the tables again
         raise
+    raced = {key for r in recorded for key in r.exists}
+    return Written(rows, collected, raced), recorded
 
 
 def _check_indices(experience: ExperienceStore, completions: Sequence[Completion]) -> None:

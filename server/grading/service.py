@@ -2,31 +2,31 @@
 
 A request's items are validated, placed in their slots of the request's iteration (sent, or inferred from the
 record), given the iteration (and so the stage) they belong to and an idempotency key, and looked up among the
-stored grades. What is new is written to the experience store, each completion to its row (its step's slot,
-or the step's loose completions), and graded by the grader role: this request itself, on this server's
-grader processes, or remote ``proctor grade-worker`` processes (``PROCTOR_GRADER_WORKERS=0``), which it waits
-for. Grades are stored (with the rewards, in one transaction) before they are answered or counted in the
-curriculum's statistics; posting a completion again returns its stored grade.
+stored grades. What is new goes to the experience store, each completion to its row (its step's slot, or the
+step's loose completions), graded by the grader role: this request itself, on this server's graders, before
+anything is written (then the completions, their rewards and their grades are one transaction); or remote
+``proctor grade-worker`` processes (``PROCTOR_GRADER_WORKERS=0``), for which the completions are written and
+waited for. Grades are stored (with the rewards, in one transaction) before they are answered or counted in
+the curriculum's statistics; posting a completion again returns its stored grade.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from proctor.experience import Dispatch, Value
+from proctor.experience import Value
 from proctor.experience import columns as col
 from proctor.server import protocol as wire
 from proctor.server.context import ServingContext
 from proctor.server.exceptions import InvalidRequestError
 from proctor.server.grading.fanout import GraderFanout
-from proctor.server.grading.role import LEASE_S, grading_time, renewing
+from proctor.server.grading.role import LEASE_S, grading_time
 from proctor.server.grading.rows import grade_rows
 from proctor.server.pacing import paced
-from proctor.server.rollouts import Completion, Enqueued, Rollouts, grade_key, reference
+from proctor.server.rollouts import Completion, Graded, Rollouts, grade_key, reference
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.store import NO_SLOT, GradeKey, GradeRow
 
@@ -89,18 +89,21 @@ class GradingService:
             ]
         # The store's work (on its thread) and grading (in other processes, or remote) run outside the loop
         # share: a request waiting for them holds up no other.
-        enqueued = await self._enqueue(fresh, {it.key for it in fresh if it.key in stored})
-        values, raced = await self._grade(enqueued.leases, fresh)
+        completions = self._completions(fresh, {it.key for it in fresh if it.key in stored})
+        values: dict[_Row, _Graded] = {}
+        raced: set[GradeKey] = set()
+        if self.fanout is not None:
+            values, raced = await self._grade_and_write(fresh, completions, self.fanout)
+        elif completions:
+            for it, row in zip(fresh, await self.rollouts.enqueue(completions), strict=True):
+                it.row = row
         waiting = [it for it in fresh if it.row not in values]
         values.update(await self._wait(waiting))
         async with self._loop_share:
             return await self._answer(items, fresh, values, stored, raced)
 
-    async def _enqueue(self, fresh: Sequence[_Item], regrade: set[GradeKey]) -> Enqueued:
-        """Write the completions to the store: each goes to its row, to be graded by the grader role. With
-        grader processes here, this request takes the role for the rows it wrote (leased in the same call)."""
-        if not fresh:
-            return Enqueued([], [])
+    def _completions(self, fresh: Sequence[_Item], regrade: set[GradeKey]) -> list[Completion]:
+        """What the store is given of each fresh item: its step and slot, its record, its completion."""
         completions = []
         for it in fresh:
             assert it.record is not None
@@ -117,68 +120,42 @@ class GradingService:
                     regrade=it.key in regrade,
                 )
             )
-        enqueued = await self.rollouts.enqueue(completions, claim=self.fanout is not None, lease_s=LEASE_S)
-        for it, row in zip(fresh, enqueued.rows, strict=True):
-            it.row = row
-        return enqueued
+        return completions
 
-    async def _grade(
-        self, leases: Sequence[Dispatch], fresh: Sequence[_Item]
+    async def _grade_and_write(
+        self, fresh: Sequence[_Item], completions: Sequence[Completion], fanout: GraderFanout
     ) -> tuple[dict[_Row, _Graded], set[GradeKey]]:
-        """Grade the rows this request leased, as the grader role, and collect their rewards with their grades:
-        one grading of every lease's rows (renewing the leases meanwhile), then one store call and one
-        transaction for all the collections (a request without ``iteration`` leases rows in many steps' tables).
-        Returns the rewards, and the keys whose grade a concurrent request stored first."""
-        if not leases:
+        """Grade the completions as the grader role, on this server's graders, then write them to the store with
+        their rewards and grades: one store call and one transaction, so that nothing of a request the store
+        refuses is kept, and no other holder of the role takes rows graded here. Returns the rewards of the
+        rows this request collected, and the keys whose grade a concurrent request stored first."""
+        if not fresh:
             return {}, set()
-        fanout = self.fanout
-        assert fanout is not None
-        mine = {it.row: it for it in fresh}
-        # The leases carry no cells (see Rollouts.enqueue): the grader's columns come from the items.
-        rows: list[list[_Row]] = []
-        for lease in leases:
-            assert lease.iteration is not None
-            rows.append([(lease.iteration, slot, index) for slot, index in lease.rows])
-        its = [mine[row] for part in rows for row in part]
-        records = [it.record for it in its if it.record is not None]
-        assert len(records) == len(its)  # only current records are fresh
+        records = [it.record for it in fresh if it.record is not None]
+        assert len(records) == len(fresh)  # only current records are fresh
         needs: dict[str, list[Value]] = {
-            col.SAMPLE_ID: [it.sample_id for it in its],
+            col.SAMPLE_ID: [it.sample_id for it in fresh],
             col.PROMPT: [r.prompt for r in records],
             col.REFERENCE: [reference(r) for r in records],
-            col.COMPLETION: [it.completion for it in its],
-            col.COMPLETION_TOKENS: [it.completion_tokens for it in its],
+            col.COMPLETION: [it.completion for it in fresh],
+            col.COMPLETION_TOKENS: [it.completion_tokens for it in fresh],
         }
-        async with contextlib.AsyncExitStack() as renewals:
-            for lease in leases:
-                assert lease.lease is not None
-                await renewals.enter_async_context(renewing(self.rollouts.renew, lease.lease, LEASE_S))
-            columns = await grade_rows(fanout, self.ctx.curriculum.graders, needs)
-        graded = [
-            (float(reward), *col.parse_reward_detail(detail))
-            for reward, detail in zip(columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True)
-        ]
+        columns = await grade_rows(fanout, self.ctx.curriculum.graders, needs)
+        graded: list[Graded] = []
+        values: list[_Graded] = []
+        for it, c, reward, detail in zip(
+            fresh, completions, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True
+        ):
+            value = (float(reward), *col.parse_reward_detail(detail))
+            values.append(value)
+            graded.append(Graded(c, value[0], detail, GradeRow(it.key, it.stage, it.source, *value)))
+        written = await self.rollouts.write_graded(graded, lease_s=LEASE_S)
         found: dict[_Row, _Graded] = {}
-        collections: list[tuple[str, dict[str, list[Value]], list[GradeRow]]] = []
-        start = 0
-        for lease, part in zip(leases, rows, strict=True):
-            end = start + len(part)
-            assert lease.lease is not None
-            rewards = {name: columns[name][start:end] for name in (col.REWARD, col.REWARD_DETAIL)}
-            grades = []
-            for row, value in zip(part, graded[start:end], strict=True):
-                it = mine[row]
-                found[it.row] = value
-                grades.append(GradeRow(it.key, it.stage, it.source, *value))
-            collections.append((lease.lease, rewards, grades))
-            start = end
-        raced: set[GradeKey] = set()
-        # A table that retention dropped meanwhile keeps no cells; the grades are still stored and answered.
-        for recorded in await self.rollouts.collect_many(collections):
-            raced.update(recorded.exists)
-            if recorded.refused is not None:
-                log.warning("the rewards of a /grade's rows were not kept in the store: %s", recorded.refused)
-        return found, raced
+        for it, row, value in zip(fresh, written.rows, values, strict=True):
+            it.row = row
+            if row in written.collected:
+                found[row] = value
+        return found, written.raced
 
     async def _wait(self, waiting: Sequence[_Item]) -> dict[_Row, _Graded]:
         """The rewards of rows another holder of the grader role grades (a remote grade-worker, or this
