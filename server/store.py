@@ -18,6 +18,7 @@ through a second connection, from the event loop, beside the writes. Checkpoints
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -70,6 +71,7 @@ _GROUP_KEY = ("bigint", "text", "bigint")  # iteration, sample_id, slot
 _RECORD_KEY = ("text", "bigint")  # source, key
 # The advisory lock a server holds on its PostgreSQL database (any number: the database is proctor's).
 _ADVISORY_KEY = 0x70726F63746F72
+_LOCK_WAIT_S = 1.0
 NO_SLOT = -1  # the slot of a grade whose client did not send one (it is told apart by its sample_id alone)
 
 _SCHEMA = """
@@ -315,7 +317,7 @@ class Store:
         try:
             # The flock of a state file, for a database: held by the writer connection until it closes (or the
             # process ends), however it ends.
-            (free,) = self._db.execute("SELECT pg_try_advisory_lock(?)", (_ADVISORY_KEY,)).fetchone()
+            free = self._try_lock()
             if not free:
                 raise StateInUseError(
                     f"database {self.display} is in use by another proctor serve; stop that one, or give this one "
@@ -327,6 +329,16 @@ class Store:
             self._db.close()
             raise
         self._opened()
+
+    def _try_lock(self) -> bool:
+        # A server killed a moment ago holds the lock until the database notices its connection gone: give that
+        # a second before calling the database taken.
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            (free,) = self._db.execute("SELECT pg_try_advisory_lock(?)", (_ADVISORY_KEY,)).fetchone()
+            if free or time.monotonic() > deadline:
+                return bool(free)
+            time.sleep(0.05)
 
     def _opened(self) -> None:
         self._tracking = ItemTracking({}, frozenset(), 1.0)
@@ -382,6 +394,10 @@ class Store:
         if self.path != ":memory:" and self._db.dialect == "sqlite":
             # Fold the WAL into the database file, so that a stopped server leaves one file behind.
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if self._db.dialect == "postgresql":
+            # Now, rather than when the database notices the connection gone: the next server may start at once.
+            with contextlib.suppress(*self._db.errors):
+                self._db.execute("SELECT pg_advisory_unlock(?)", (_ADVISORY_KEY,))
         if self._reader is not self._db:
             self._reader.close()
         self._db.close()
