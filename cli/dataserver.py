@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+import time
 from pathlib import Path
+from typing import Literal
 
 from proctor.curricula import builtin_curricula, builtin_path
 from proctor.experience.database import is_postgresql
@@ -16,7 +18,7 @@ from proctor.server.exceptions import ProctorError
 from proctor.server.history import adopt_history, read_history
 from proctor.server.logs import configure_logging
 from proctor.server.settings import load_settings
-from proctor.server.store import StateInUseError, Store, redacted
+from proctor.server.store import StateInUseError, StateUnreachableError, Store, redacted
 
 __all__ = ["curriculum_path", "preview", "serve", "validate"]
 
@@ -59,7 +61,7 @@ def serve(args: argparse.Namespace) -> int:
     if state != ":memory:":
         # Refuse a state file of another curriculum here, with a plain message, rather than as a traceback
         # from inside the server's start-up.
-        store = Store(state, synchronous=settings.state_sync)
+        store = _open_store(state, settings.state_sync, settings.state_wait_s)
         try:
             store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed)
             if history is not None:
@@ -82,6 +84,23 @@ def serve(args: argparse.Namespace) -> int:
         **uvicorn_options(settings),
     )
     return 0
+
+
+def _open_store(state: str, synchronous: Literal["normal", "full"], wait_s: float) -> Store:
+    """The run's store; a PostgreSQL database that does not answer yet (starting beside this server, say) is
+    waited for, up to ``wait_s``, then refused with a message that names it."""
+    deadline = time.monotonic() + wait_s
+    waiting = False
+    while True:
+        try:
+            return Store(state, synchronous=synchronous)
+        except StateUnreachableError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            if not waiting:
+                logging.getLogger("proctor").warning("%s: waiting up to %g s (PROCTOR_STATE_WAIT_S)", exc, wait_s)
+                waiting = True
+            time.sleep(0.5)
 
 
 def _remove_state(path: str, host: str, port: int) -> None:

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
         default="normal",
         description="SQLite synchronous mode: normal survives crashes, full also power loss.",
     )
+    state_wait_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="How long start-up waits for a PostgreSQL state database that does not answer yet.",
+    )
     seed: int | None = Field(default=None, description="Overrides the curriculum's seed.")
     transitions: Path | None = Field(
         default=None,

@@ -49,6 +49,7 @@ __all__ = [
     "StageTotals",
     "StateInUseError",
     "StateMismatchError",
+    "StateUnreachableError",
     "Store",
     "StoredGrades",
     "redacted",
@@ -183,6 +184,10 @@ class StateInUseError(ProctorError, RuntimeError):
     """Another process serves from the same state file."""
 
 
+class StateUnreachableError(ProctorError, RuntimeError):
+    """The PostgreSQL database that holds the state does not answer."""
+
+
 class SQLiteVersionError(ProctorError, RuntimeError):
     """Python's sqlite3 is older than the statements the store uses."""
 
@@ -313,7 +318,16 @@ class Store:
         self._opened()
 
     def _open_postgresql(self) -> None:
-        self._db = Database.postgresql(self.path)
+        import psycopg
+
+        try:
+            self._db = Database.postgresql(self.path)
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StateUnreachableError(
+                f"the PostgreSQL database {self.display} does not answer ({first}); check that it runs and that "
+                "the URL in --state (PROCTOR_STATE) is right"
+            ) from None
         try:
             # The flock of a state file, for a database: held by the writer connection until it closes (or the
             # process ends), however it ends.

@@ -1,8 +1,10 @@
 """A server whose PostgreSQL database goes away and comes back: 503s that say so meanwhile, then it serves on by
-itself, from what the database kept, and no process exits."""
+itself, from what the database kept, and no process exits. At start-up, a database that does not answer yet is
+waited for, and one that never answers is named in the message the server stops with."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +14,7 @@ import httpx
 import pytest
 
 from bench._postgresql import cluster
+from proctor.cli.launcher import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -58,3 +61,32 @@ def test_a_database_outage_is_a_503_and_the_server_recovers_by_itself(
             assert all(r["cached"] for r in again)
             assert c.post("/sample", json={"iteration": 1, "batch_size": 4}).status_code == 200
         assert server.proc.poll() is None
+
+
+def test_an_unreachable_database_stops_start_up_with_a_message_that_names_it(
+    server_process: Callable[..., Any], curriculum_file: Path
+) -> None:
+    nowhere = f"postgresql://proctor:s3cret@127.0.0.1:{free_port()}/run"
+    with pytest.raises(RuntimeError, match="server exited with 2") as info:
+        server_process([str(curriculum_file), "--state", nowhere], env={"PROCTOR_STATE_WAIT_S": "0.5"})
+    shown = nowhere.replace("s3cret", "***")
+    assert f"the PostgreSQL database {shown} does not answer (connection failed" in str(info.value)
+    assert "check that it runs and that the URL in --state (PROCTOR_STATE) is right" in str(info.value)
+    assert "s3cret" not in str(info.value)
+    assert "Traceback" not in str(info.value)
+
+
+def test_start_up_waits_for_a_database_that_comes_up_after_the_server(
+    server_process: Callable[..., Any], curriculum_file: Path
+) -> None:
+    with cluster() as pg:
+        database = pg.new_database()
+        pg.ctl("-m", "fast", "stop")
+        starting = threading.Timer(1.0, pg.ctl, args=("start",))
+        starting.start()
+        try:
+            server = server_process([str(curriculum_file), "--state", database], env={"PROCTOR_STATE_WAIT_S": "60"})
+        finally:
+            starting.join()
+        assert "waiting up to 60 s (PROCTOR_STATE_WAIT_S)" in server.output()
+        assert httpx.post(server.url + "/sample", json={"iteration": 0, "batch_size": 2}).status_code == 200
