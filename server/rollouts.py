@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -31,7 +30,6 @@ from proctor.experience import (
     ExperienceError,
     ExperienceInputError,
     ExperienceStore,
-    LeaseError,
     RowKey,
     ShapeConflictError,
     TableInfo,
@@ -94,11 +92,21 @@ class Graded:
 class Written:
     """Where :meth:`Rollouts.write_graded` put each completion (``(table, slot, index)``, in the order given),
     which of those rows it collected the rewards of (the others another holder of the grader role held), and
-    the grades a concurrent request had stored first."""
+    the grades it stored, in slices (see :class:`Recorded`)."""
 
     rows: list[tuple[int, int, int]]
     collected: set[tuple[int, int, int]]
-    raced: set[GradeKey]
+    parts: list[tuple[list[GradeRow], StoredGrades]]
+
+    @property
+    def raced(self) -> set[GradeKey]:
+        """The grades that a concurrent request had stored first, and so are not counted again."""
+        return {
+            row.key
+            for rows, stored in self.parts
+            for row, outcome in zip(rows, stored.outcomes, strict=True)
+            if outcome == "exists"
+        }
 
 
 class Rollouts:
@@ -206,9 +214,10 @@ class Rollouts:
         another holder of the role had leased first is left to it (see :meth:`rewards`)."""
         x = self.experience
         names = self._stage_names([g.completion for g in graded])
-        written, recorded = await x.call(_write_graded, x.store, x.state, self._loose, graded, names, lease_s)
-        for r in recorded:
-            await self._counted(r)
+        written = await x.call(_write_graded, x.store, x.state, self._loose, graded, names, lease_s)
+        await self._count(written.parts)
+        for table in sorted({table for table, _, _ in written.collected}):
+            await self._signal(table).notify()
         return written
 
     def _stage_names(self, completions: Sequence[Completion]) -> dict[int, str]:
@@ -229,7 +238,6 @@ class Rollouts:
         x = self.experience
         recorded = await x.call(_collect_wire, x.store, x.state, lease, body, self._stage_of)
         await self._counted(recorded)
-        assert recorded.collected is not None
         return recorded.collected
 
     def _stage_of(self, step: int) -> int:
@@ -239,12 +247,15 @@ class Rollouts:
         return self.ctx.progress.stage_of(step)
 
     async def _counted(self, recorded: Recorded) -> None:
-        """Count the grades a collection stored, a slice at a time, and wake its table's waiters."""
-        for part, stored in recorded.parts:
+        """Count the grades a collection stored, and wake its table's waiters."""
+        await self._count(recorded.parts)
+        await self._signal(recorded.collected.iteration).notify()
+
+    async def _count(self, parts: Sequence[tuple[list[GradeRow], StoredGrades]]) -> None:
+        """Count stored grades in the curriculum's statistics, a slice at a time."""
+        for part, stored in parts:
             self.ledger.count(part, stored)
             await asyncio.sleep(0)
-        if recorded.collected is not None:
-            await self._signal(recorded.collected.iteration).notify()
 
     def _signal(self, table: int) -> Signal:
         signal = self.collected.get(table)
@@ -349,21 +360,8 @@ class Recorded:
     """A collection and the grades it stored, in slices of at most a few hundred (each with its outcomes),
     for the curriculum's statistics to count a slice at a time."""
 
-    collected: Collected | None
-    """None when the store refused it (see :attr:`refused`)."""
+    collected: Collected
     parts: list[tuple[list[GradeRow], StoredGrades]]
-    refused: str | None = None
-    """Why the store refused the collection: the lease had ended, or retention had dropped the table."""
-
-    @property
-    def exists(self) -> set[GradeKey]:
-        """The grades that were stored already (by a concurrent request), and so not counted again."""
-        return {
-            row.key
-            for rows, stored in self.parts
-            for row, outcome in zip(rows, stored.outcomes, strict=True)
-            if outcome == "exists"
-        }
 
 
 def _collect_and_record(
@@ -379,26 +377,6 @@ def _collect_and_record(
         if collected.consumer != col.GRADER.name:
             return Recorded(collected, [])
         return _record(experience, state, collected, columns, stage_of)
-
-
-def _collect_all(
-    experience: ExperienceStore,
-    state: Store,
-    collections: Sequence[tuple[str, Mapping[str, Sequence[Value]], Sequence[GradeRow]]],
-) -> list[Recorded]:
-    """The collections, and all their grades stored together (a store of grades costs about the same for one row
-    as for a few hundred), in one transaction. The grades go into the first one's :attr:`Recorded.parts`."""
-    with experience.batch():
-        recorded: list[Recorded] = []
-        for lease, columns, _ in collections:
-            try:
-                recorded.append(Recorded(experience.collect(lease, columns), []))
-            except (LeaseError, UnknownIterationError) as exc:
-                recorded.append(Recorded(None, [], refused=exc.message))
-        parts = _store_grades(state, [g for _, _, grades in collections for g in grades])
-        if recorded:
-            recorded[0] = dataclasses.replace(recorded[0], parts=parts)
-        return recorded
 
 
 def _collect_wire(
@@ -584,7 +562,7 @@ def _write_graded(
     graded: Sequence[Graded],
     stage_names: Mapping[int, str],
     lease_s: float,
-) -> tuple[Written, list[Recorded]]:
+) -> Written:
     """:meth:`Rollouts.write_graded` on the store's thread: the completions placed, their rows leased to the
     grader role and collected with their rewards, their grades stored, in one transaction."""
     completions = [g.completion for g in graded]
@@ -596,7 +574,7 @@ def _write_graded(
             by_table: dict[int, list[RowKey]] = {}
             for table, slot, index in rows:
                 by_table.setdefault(table, []).append((slot, index))
-            collections: list[tuple[str, Mapping[str, Sequence[Value]], Sequence[GradeRow]]] = []
+            grades: list[GradeRow] = []
             collected: set[tuple[int, int, int]] = set()
             for table, keys in by_table.items():
                 # Rows already graded, or held by another holder of the role, are left out of the lease.
@@ -604,15 +582,16 @@ def _write_graded(
                 if lease.lease is None:
                     continue
                 mine = [graded[at[(table, slot, index)]] for slot, index in lease.rows]
-                columns = {col.REWARD: [g.reward for g in mine], col.REWARD_DETAIL: [g.detail for g in mine]}
-                collections.append((lease.lease, columns, [g.grade for g in mine]))
+                experience.collect(
+                    lease.lease, {col.REWARD: [g.reward for g in mine], col.REWARD_DETAIL: [g.detail for g in mine]}
+                )
+                grades.extend(g.grade for g in mine)
                 collected.update((table, slot, index) for slot, index in lease.rows)
-            recorded = _collect_all(experience, state, collections)
+            # All the grades in one store of them: it costs about the same for one row as for a few hundred.
+            return Written(rows, collected, _store_grades(state, grades))
     except BaseException:
         loose_slots.clear()  # slots the batch added were rolled back with it: read the tables again
         raise
-    raced = {key for r in recorded for key in r.exists}
-    return Written(rows, collected, raced), recorded
 
 
 def _check_indices(experience: ExperienceStore, completions: Sequence[Completion]) -> None:
