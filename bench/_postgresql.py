@@ -7,13 +7,14 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from proctor.cli.launcher import free_port
 
 __all__ = ["PostgreSQLCluster", "cluster"]
 
@@ -26,12 +27,6 @@ def _bin(name: str) -> str:
             "`apt-get install postgresql`"
         )
     return found[-1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PostgreSQLCluster:
@@ -68,7 +63,7 @@ def cluster() -> Iterator[PostgreSQLCluster]:
     folder = Path(tempfile.mkdtemp(prefix="proctor-pg-"))
     if os.geteuid() == 0:
         shutil.chown(folder, "postgres")
-    port = _free_port()
+    port = free_port()
     _run([_bin("initdb"), "-D", str(folder / "data"), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"])
     # In the cluster's own configuration, so that a test that stops and starts it finds it where it was.
     settings = {

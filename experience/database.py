@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Database", "Dialect", "is_postgresql"]
+__all__ = ["Database", "Dialect", "error_line", "is_postgresql"]
 
 Dialect = Literal["sqlite", "postgresql"]
 _POSTGRESQL = ("postgresql://", "postgres://")
@@ -34,6 +34,12 @@ _TYPES = (
 
 
 _CASTS: dict[str, Callable[[Any], Any]] = {"double precision": float, "bigint": int}
+
+
+def error_line(exc: BaseException) -> str:
+    """A database error in one line, for messages (psycopg's run over several)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def is_postgresql(target: str) -> bool:
@@ -76,22 +82,29 @@ class Database:
 
     @classmethod
     def postgresql(cls, url: str, *, application: str = "proctor") -> Database:
-        """A connection to the PostgreSQL database at ``url`` (``postgresql://user:password@host:port/db``)."""
+        """A connection to the PostgreSQL database at ``url`` (``postgresql://user:password@host:port/db``);
+        :class:`ConnectionError` (its message one line) when the database does not answer."""
         try:
             import psycopg
         except ImportError:  # pragma: no cover - the server extra installs it
             raise ImportError("a postgresql:// database needs psycopg 3: pip install 'proctor[postgresql]'") from None
-        raw = psycopg.connect(url, autocommit=True, application_name=application)
+        try:
+            raw = psycopg.connect(url, autocommit=True, application_name=application)
+        except psycopg.OperationalError as exc:
+            raise ConnectionError(error_line(exc)) from None
         return cls("postgresql", raw)
 
     # --- statements -------------------------------------------------------------------------------------------
 
-    def _pg_execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+    def _pg(self, sql: str) -> str:
         statement = self._statements.get(sql)
         if statement is None:
             # The statements hold no literal '?' or '%': placeholders are the only ones.
             statement = self._statements[sql] = sql.replace("?", "%s")
-        return self.raw.execute(statement, params)
+        return statement
+
+    def _pg_execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.raw.execute(self._pg(sql), params)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         if isinstance(self.raw, sqlite3.Connection):
@@ -100,7 +113,7 @@ class Database:
         rows = list(rows)
         if rows:
             with self.raw.cursor() as cursor:
-                cursor.executemany(sql.replace("?", "%s"), rows)
+                cursor.executemany(self._pg(sql), rows)
 
     def insert(self, sql: str, params: Sequence[Any]) -> int:
         """Run an ``INSERT`` of one row into a table whose key is ``id``; returns the new row's ``id``."""

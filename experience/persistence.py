@@ -155,15 +155,14 @@ class ExperienceTables:
             self._db = Database.postgresql(str(path))
         else:
             self._db = Database.sqlite(path, synchronous=synchronous)
-        if self._exists("dock_cells"):
+        # Earlier layouts exist only in SQLite files: PostgreSQL came after them.
+        if self._db.dialect == "sqlite" and self._exists("dock_cells"):
             with self.transaction():
                 self._from_cell_layout()
-        elif self._exists("dock_tables"):
+        elif self._db.dialect == "sqlite" and self._exists("dock_tables"):
             with self.transaction():
                 self._from_old_names()
         self._db.script(_SCHEMA)
-        # The order leases were written in (SQLite's row id; PostgreSQL keeps none, and none is needed there).
-        self._lease_order = "rowid" if self._db.dialect == "sqlite" else "iteration, lease"
 
     def _exists(self, table: str) -> bool:
         return self._db.table_exists(table)
@@ -254,9 +253,11 @@ class ExperienceTables:
             yield name, tuple(json.loads(needs)), tuple(json.loads(produces)), size
 
     def leases(self) -> list[Lease]:
+        # The order leases were written in: SQLite's row id (PostgreSQL keeps none, and none is needed there).
+        order = "rowid" if self._db.dialect == "sqlite" else "iteration, lease"
         rows = self._db.execute(
             "SELECT lease, consumer, iteration, slots, indices, expires_at, state FROM experience_leases"
-            f" ORDER BY {self._lease_order}"
+            f" ORDER BY {order}"
         )
         out = []
         for lease, c, i, s, k, e, state in rows:

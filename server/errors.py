@@ -51,7 +51,11 @@ _ERROR_RESPONSES: dict[int, tuple[type[BaseModel], str]] = {
     413: (ErrorBody, "The body is larger than PROCTOR_MAX_BODY_BYTES."),
     415: (ErrorBody, "The body is not declared as JSON (Content-Type: application/json)."),
     422: (ValidationErrorBody, "A field is missing, of the wrong type or out of range (the detail names it)."),
-    503: (ErrorBody, "The server cannot serve safely: its state file refused a write; restart it."),
+    503: (
+        ErrorBody,
+        "The server cannot serve safely: its state refused a write (a state file's server needs a restart; a "
+        "PostgreSQL database's reconnects by itself).",
+    ),
 }
 
 

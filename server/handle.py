@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 
 from proctor.server.dataserver import Dataserver
@@ -20,6 +22,8 @@ from proctor.server.exceptions import UnavailableError
 __all__ = ["DataserverHandle"]
 
 log = logging.getLogger("proctor")
+
+_SAY_EVERY_S = 60.0
 
 
 class DataserverHandle:
@@ -37,10 +41,6 @@ class DataserverHandle:
         """The serving dataserver; a 503 while it is being opened again."""
         if self._server is None:
             raise UnavailableError(self._failure or "the dataserver is starting")
-        return self._server
-
-    @property
-    def server(self) -> Dataserver | None:
         return self._server
 
     async def close(self) -> None:
@@ -69,18 +69,16 @@ class DataserverHandle:
             await failed.close()
         except Exception:  # its connections are likely gone with the database: nothing more to release
             log.warning("closing the failed dataserver", exc_info=True)
-        attempt = 0
+        said = -math.inf
         while True:
             await asyncio.sleep(self._retry_s)
-            attempt += 1
             try:
                 server = await self._open()
+                break
             except Exception as exc:
-                # Once a minute at most, not once a try.
-                if attempt == 1 or attempt * self._retry_s % 60 < self._retry_s:
+                if time.monotonic() - said >= _SAY_EVERY_S:  # once a minute at most, not once a try
+                    said = time.monotonic()
                     log.warning("the state is still unavailable, retrying every %g s: %s", self._retry_s, exc)
-                continue
-            break
         log.warning("the state answers again: serving (resumed after iteration %s)", server.last_iteration)
         self._failure = None
         self._server = server

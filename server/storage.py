@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+from proctor.experience.database import error_line
 from proctor.server.curriculum.adaptive import item_tracking
 from proctor.server.curriculum.engine import TransitionRecord
 from proctor.server.curriculum.items import GroupState, ItemState
@@ -174,7 +175,7 @@ class AsyncStore:
         the reason."""
         if self.failure is None:
             then = "reconnecting" if self.reopens else "restart the server"
-            self.failure = f"{self._store.described} stopped accepting writes ({_first_line(exc)}); {then}"
+            self.failure = f"{self._store.described} stopped accepting writes ({error_line(exc)}); {then}"
             log.critical("%s", self.failure)
             if self.on_failure is not None:
                 asyncio.get_running_loop().call_soon(self.on_failure)
@@ -295,7 +296,3 @@ class AsyncStore:
             asyncio.get_running_loop().call_soon(self._start_commit)
         else:
             self._idle.set()
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -318,14 +318,11 @@ class Store:
         self._opened()
 
     def _open_postgresql(self) -> None:
-        import psycopg
-
         try:
             self._db = Database.postgresql(self.path)
-        except psycopg.OperationalError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        except ConnectionError as exc:
             raise StateUnreachableError(
-                f"the PostgreSQL database {self.display} does not answer ({first}); check that it runs and that "
+                f"the PostgreSQL database {self.display} does not answer ({exc}); check that it runs and that "
                 "the URL in --state (PROCTOR_STATE) is right"
             ) from None
         try:
@@ -366,9 +363,7 @@ class Store:
     @staticmethod
     def check_free(path: str | Path) -> None:
         """Raise :class:`StateInUseError` when a process serves from the state file at ``path``."""
-        if is_postgresql(str(path)):
-            Store(path).close()
-        elif Path(path).exists():
+        if Path(path).exists():
             os.close(_hold(str(path)))
 
     @property
@@ -458,12 +453,12 @@ class Store:
             return
         if meta.get("schema_version") != str(SCHEMA_VERSION):
             raise StateMismatchError(
-                f"state file {self.display} has schema version {meta.get('schema_version')}, this proctor writes "
+                f"{self.described} has schema version {meta.get('schema_version')}, this proctor writes "
                 f"{SCHEMA_VERSION}; use a new --state path"
             )
         if meta.get("curriculum_hash") != curriculum_hash or meta.get("seed") != str(seed):
             raise StateMismatchError(
-                f"state file {self.display} belongs to curriculum {meta.get('curriculum')!r} "
+                f"{self.described} belongs to curriculum {meta.get('curriculum')!r} "
                 f"(hash {meta.get('curriculum_hash')}, seed {meta.get('seed')}), but the server loaded "
                 f"{curriculum!r} (hash {curriculum_hash}, seed {seed}). The curriculum, its data or its seed "
                 "changed since this state was written: start a new run with another --run name or --state path "
