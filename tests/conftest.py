@@ -185,11 +185,11 @@ def database(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def state_target(request: pytest.FixtureRequest) -> Callable[[str], str]:
-    """``state_target(path)``: where a server the test starts keeps the state it would keep at ``path`` (a file,
-    or ``:memory:``): that path, or under ``--database postgresql`` a PostgreSQL database, the same for the same
-    path within a test."""
-    if request.config.getoption("--database") == "sqlite":
+def state_target(request: pytest.FixtureRequest, database: str) -> Callable[[str], str]:
+    """``state_target(path)``: where a server or store the test starts keeps the state it would keep at ``path`` (a
+    file, or ``:memory:``): that path, or under ``--database postgresql`` a PostgreSQL database, the same for the
+    same path within a test."""
+    if database == "sqlite":
         return lambda path: path
     pg: PostgreSQLCluster = request.getfixturevalue("postgresql_cluster")
     databases: dict[str, str] = {}
@@ -311,9 +311,3 @@ def postgresql_cluster() -> Iterator[PostgreSQLCluster]:
     """A PostgreSQL server for the session (see ``bench/_postgresql.py``)."""
     with cluster() as pg:
         yield pg
-
-
-@pytest.fixture
-def postgresql_url(postgresql_cluster: PostgreSQLCluster) -> str:
-    """The URL of a fresh, empty PostgreSQL database."""
-    return postgresql_cluster.new_database()

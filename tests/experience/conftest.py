@@ -1,8 +1,8 @@
 """Fixtures of the experience store's tests.
 
-``experience`` is the face the behaviour tests run against, once per face: the in-process ``ExperienceStore`` (in a
-SQLite file, and in a PostgreSQL database), and ``ExperienceClient`` talking to a real server (uvicorn on a loopback
-port, the store in its SQLite state file).
+``experience`` is the face the behaviour tests run against, once per face: the in-process ``ExperienceStore``, and
+``ExperienceClient`` talking to a real server (uvicorn on a loopback port, the store in its state). Both keep their
+tables where ``--database`` says: a SQLite file, or a PostgreSQL database.
 The tests use only the methods both faces share (and ``proctor.experience.consume``). ``experience_path`` is for the
 tests that reopen the file themselves (in-process only, in ``test_durability.py``).
 """
@@ -25,13 +25,15 @@ def experience_path(tmp_path: Path) -> Path:
     return tmp_path / "experience.db"
 
 
-@pytest.fixture(params=["in-process", "in-process-postgresql", "http"])
+@pytest.fixture(params=["in-process", "http"])
 def experience(
-    request: pytest.FixtureRequest, experience_path: Path, live_server: Callable[..., AbstractContextManager[str]]
+    request: pytest.FixtureRequest,
+    experience_path: Path,
+    live_server: Callable[..., AbstractContextManager[str]],
+    state_target: Callable[[str], str],
 ) -> Iterator[ExperienceLike]:
-    if request.param.startswith("in-process"):
-        where = request.getfixturevalue("postgresql_url") if request.param.endswith("postgresql") else experience_path
-        store = ExperienceStore(where)
+    if request.param == "in-process":
+        store = ExperienceStore(state_target(str(experience_path)))
         try:
             yield store
         finally:

@@ -1,10 +1,11 @@
-"""The store on its own, on SQLite and on PostgreSQL: binding, iterations, idempotent grades, what a reopen sees;
+"""The store on its own, on SQLite (and under ``--database postgresql`` on PostgreSQL): binding, iterations, idempotent grades, what a reopen sees;
 and SQLite's own (the WAL, migrations of older files)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,13 +28,10 @@ def open_store(path: Path | str) -> Store:
     return store
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def state(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Where a store keeps its state: a SQLite file, or a fresh PostgreSQL database."""
-    if request.param == "sqlite":
-        return str(tmp_path / "s.db")
-    url: str = request.getfixturevalue("postgresql_url")
-    return url
+@pytest.fixture
+def state(tmp_path: Path, state_target: Callable[[str], str]) -> str:
+    """Where a store keeps its state: a SQLite file, or under ``--database postgresql`` a fresh database."""
+    return state_target(str(tmp_path / "s.db"))
 
 
 def grade_row(key_suffix: int, *, reward: float = 1.0, error: str | None = None, stage: int = 0) -> GradeRow:
