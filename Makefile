@@ -52,6 +52,7 @@ train: $(VENV)/.train-installed
 system-packages:
 	@missing=(); for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || missing+=($$p); done; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql); \
+	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light); \
 	if [ $${#missing[@]} -eq 0 ]; then exit 0; fi; \
 	if [ "$$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then \
 	  echo "make test: the tests need $${missing[*]}: run  sudo apt-get install -y $${missing[*]}" >&2; exit 1; \

@@ -1,6 +1,6 @@
 """``python -m bench [NAME [FLAG ...] ...]``: the benchmarks, one after the other, each printing its table.
 
-Names: math_grader, server_load, rollout_path, event_loop, memory_soak, experience_throughput, grading_roles,
+Names: math_grader, server_load, rollout_path, replicas, event_loop, memory_soak, experience_throughput, grading_roles,
 curriculum_sim, learning_run, trainer_overhead, batching, grpo_step (default: all).
 The flags after a name, up to the next name, are that benchmark's own (``python -m bench memory_soak --quick
 server_load --no-baseline``). Run with the others (no name given), memory_soak soaks at a smaller size (see
@@ -13,12 +13,22 @@ import itertools
 import sys
 from collections.abc import Sequence
 
-from bench import curriculum_sim, event_loop, experience_throughput, math_grader, memory_soak, rollout_path, server_load
+from bench import (
+    curriculum_sim,
+    event_loop,
+    experience_throughput,
+    math_grader,
+    memory_soak,
+    replicas,
+    rollout_path,
+    server_load,
+)
 
 NAMES = (
     "math_grader",
     "server_load",
     "rollout_path",
+    "replicas",
     "event_loop",
     "memory_soak",
     "experience_throughput",
@@ -53,6 +63,8 @@ def main(args: Sequence[str]) -> None:
         server_load.main(flags_after("server_load", args))
     if not only or "rollout_path" in only:
         rollout_path.main(flags_after("rollout_path", args))
+    if not only or "replicas" in only:
+        replicas.main(flags_after("replicas", args))
     if not only or "event_loop" in only:
         event_loop.main()
     if not only or "memory_soak" in only:

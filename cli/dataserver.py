@@ -18,7 +18,7 @@ from proctor.server.exceptions import ProctorError
 from proctor.server.history import adopt_history, read_history
 from proctor.server.logs import configure_logging
 from proctor.server.settings import load_settings
-from proctor.server.store import StateInUseError, StateUnreachableError, Store, redacted
+from proctor.server.store import Standby, StateInUseError, StateUnreachableError, Store, redacted
 
 __all__ = ["curriculum_path", "preview", "serve", "validate"]
 
@@ -61,13 +61,21 @@ def serve(args: argparse.Namespace) -> int:
     if state != ":memory:":
         # Refuse a state file of another curriculum here, with a plain message, rather than as a traceback
         # from inside the server's start-up.
-        store = _open_store(state, settings.state_sync, settings.state_wait_s)
         try:
-            store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed)
-            if history is not None:
-                adopt_history(store, history, source=str(settings.transitions))
-        finally:
-            store.close()
+            store = _open_store(state, settings.state_sync, settings.state_wait_s)
+        except StateInUseError:
+            if not is_postgresql(state):
+                raise
+            # Another server serves the database: this one stands by for it (proctor.server.handle), once its
+            # curriculum is known to be the database's.
+            _check_standby(state, curriculum)
+        else:
+            try:
+                store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed)
+                if history is not None:
+                    adopt_history(store, history, source=str(settings.transitions))
+            finally:
+                store.close()
         # Adopted into the file already: the server's start-up need not read and adopt it again.
         settings = settings.model_copy(update={"transitions": None})
     app = create_app(settings, curriculum_obj=curriculum)
@@ -101,6 +109,14 @@ def _open_store(state: str, synchronous: Literal["normal", "full"], wait_s: floa
                 logging.getLogger("proctor").warning("%s: waiting up to %g s (PROCTOR_STATE_WAIT_S)", exc, wait_s)
                 waiting = True
             time.sleep(0.5)
+
+
+def _check_standby(state: str, curriculum: Curriculum) -> None:
+    standby = Standby(state, curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed)
+    try:
+        standby.poll()
+    finally:
+        standby.close()
 
 
 def _remove_state(path: str, host: str, port: int) -> None:

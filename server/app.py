@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from proctor.experience.database import is_postgresql
 from proctor.server import __version__
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.dataserver import Dataserver
@@ -19,12 +20,14 @@ from proctor.server.metrics import Metrics
 from proctor.server.middleware import (
     ApiKeyMiddleware,
     BodyLimitMiddleware,
+    ForwardingMiddleware,
     JsonBodyMiddleware,
     RequestMetricsMiddleware,
 )
 from proctor.server.openapi import complete_openapi
 from proctor.server.routes import curriculum, experience, grade, ops, page, sample
 from proctor.server.settings import Settings
+from proctor.server.store import Standby, redacted
 
 __all__ = ["create_app"]
 
@@ -43,26 +46,34 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
     cur = curriculum_obj or load_curriculum(settings.curriculum, seed=settings.seed)
     metrics = Metrics()
 
+    path = settings.state_path(cur.name, cur.hash)
+
+    def standby() -> Standby:
+        return Standby(path, curriculum=cur.name, curriculum_hash=cur.hash, seed=cur.seed)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        server = await Dataserver.open(cur, settings, metrics)
+        handle = await DataserverHandle.start(
+            lambda: Dataserver.open(cur, settings, metrics),
+            retry_s=_REOPEN_EVERY_S,
+            standby=standby if is_postgresql(path) else None,
+        )
         # Everything allocated so far lives as long as the server: keep it out of the collector's full
         # passes, which otherwise walk it on every gen-2 collection and show up as latency spikes.
         gc.freeze()
-        state = server.ctx.storage.path
-        last = server.ctx.progress.last_iteration
+        state = redacted(path)
         log.info(
-            "serving curriculum %r (hash %s, seed %d) from %s; run %r, state %s (%s); %d grader processes",
+            "%s curriculum %r (hash %s, seed %d) from %s; run %r, state %s (%s); %d grader processes",
+            "serving" if handle.serving else "standing by for",
             cur.name,
             cur.hash,
             cur.seed,
             cur.path,
             settings.run_name(cur.name, cur.hash),
             state,
-            "new" if last is None else f"resumed after iteration {last}; --fresh starts the run over",
+            _resumed(handle),
             settings.grader_workers,
         )
-        handle = DataserverHandle(server, lambda: Dataserver.open(cur, settings, metrics), retry_s=_REOPEN_EVERY_S)
         try:
             yield {"dataserver": handle}
         finally:
@@ -100,9 +111,18 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
     complete_openapi(app, bearer=locked, limits=limits, open_paths=open_paths)
     # Each add wraps the ones before: the request passes metrics, then the key, the body's type and its size
     # limit, all of which look at the head only, before the route reads the body.
+    # Innermost: a standby forwards a request once the others have let it in (key, type, size).
+    app.add_middleware(ForwardingMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(JsonBodyMiddleware)
     if settings.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value(), open_paths=open_paths)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app
+
+
+def _resumed(handle: DataserverHandle) -> str:
+    if not handle.serving:
+        return "held by another server"
+    last = handle.get().last_iteration
+    return "new" if last is None else f"resumed after iteration {last}; --fresh starts the run over"

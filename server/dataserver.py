@@ -68,6 +68,8 @@ class Dataserver:
         storage = await AsyncStore.open(settings, curriculum)
         experience: AsyncExperienceStore | None = None
         try:
+            if storage.reopens:  # a PostgreSQL database, which other servers may stand by for
+                await storage.write(storage.store.announce, settings.advertised_url())
             progress = await _restore(curriculum, storage)
             experience = await AsyncExperienceStore.open(settings, storage)
             g = GRADER

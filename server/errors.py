@@ -54,7 +54,8 @@ _ERROR_RESPONSES: dict[int, tuple[type[BaseModel], str]] = {
     503: (
         ErrorBody,
         "The server cannot serve safely: its state refused a write (a state file's server needs a restart; a "
-        "PostgreSQL database's reconnects by itself).",
+        "PostgreSQL database's reconnects by itself), or it stands by for a server that does not answer (another "
+        "takes over within seconds). Retry.",
     ),
 }
 

@@ -1,10 +1,17 @@
-"""The dataserver the routes reach, and its reopening when its PostgreSQL database fails.
+"""The dataserver the routes reach: serving, standing by for another server of the same PostgreSQL database, or
+opening its state again after a failure.
 
 A state that stops accepting writes leaves the server's memory possibly ahead of it (a commit whose outcome the
 server never heard). A SQLite file's failure is its disk's, and the server answers 503 until it is restarted. A
 PostgreSQL database's is usually an outage that passes (a restart, a failover): there the handle closes the
 failed dataserver and opens it again from the database, as a restart of the process would, retrying until the
 database answers. Every request gets a 503 that says so meanwhile, and no process exits.
+
+Several servers may share one PostgreSQL database. The one that holds the database's lock serves; the others
+stand by: they keep nothing of the run in memory, forward every request to the serving one
+(:mod:`proctor.server.forwarding`), and watch the lock. When the serving process ends, however it ends, its
+connection ends with it and the lock is free: a standby opens the dataserver from the database, as a restart
+would, and serves. See ``docs/deploying.md``.
 """
 
 from __future__ import annotations
@@ -13,74 +20,176 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 
+import httpx
+
 from proctor.server.dataserver import Dataserver
 from proctor.server.exceptions import UnavailableError
+from proctor.server.store import Standby, StateInUseError, StateMismatchError
 
 __all__ = ["DataserverHandle"]
 
 log = logging.getLogger("proctor")
 
 _SAY_EVERY_S = 60.0
+# A forwarded request waits for its answer as long as the serving server takes (a /grade waits for its
+# graders); connecting to it is quick or the server is gone.
+_FORWARD_TIMEOUT = httpx.Timeout(None, connect=2.0)
 
 
 class DataserverHandle:
-    """Holds the serving :class:`Dataserver`; ``open_server`` opens a new one from the state."""
+    """Create with :meth:`start`; ``open_server`` opens a dataserver from the state, and ``standby`` (for a
+    PostgreSQL database) watches the database while another server holds it."""
 
-    def __init__(self, server: Dataserver, open_server: Callable[[], Awaitable[Dataserver]], retry_s: float) -> None:
-        self._server: Dataserver | None = server
+    def __init__(
+        self,
+        open_server: Callable[[], Awaitable[Dataserver]],
+        *,
+        retry_s: float,
+        standby: Callable[[], Standby] | None,
+    ) -> None:
+        self._server: Dataserver | None = None
         self._open = open_server
         self._retry_s = retry_s
-        self._failure: str | None = None
-        self._reopening: asyncio.Task[None] | None = None
-        self._watch(server)
+        self._standby = standby
+        self._failure: str | None = "the dataserver is starting"
+        self._serving_url: str | None = None  # the serving server's, while this one stands by
+        self._acquiring: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._forwarder: httpx.AsyncClient | None = None
+
+    @classmethod
+    async def start(
+        cls,
+        open_server: Callable[[], Awaitable[Dataserver]],
+        *,
+        retry_s: float,
+        standby: Callable[[], Standby] | None = None,
+    ) -> DataserverHandle:
+        """Open the dataserver; with ``standby``, stand by instead while another server holds the database."""
+        handle = cls(open_server, retry_s=retry_s, standby=standby)
+        try:
+            handle._serve(await open_server())
+        except StateInUseError:
+            if standby is None:
+                raise
+            log.info("another proctor serve holds the database: standing by, forwarding requests to it")
+            handle._acquiring = asyncio.create_task(handle._acquire(None))
+        return handle
 
     def get(self) -> Dataserver:
-        """The serving dataserver; a 503 while it is being opened again."""
+        """The serving dataserver; a 503 while there is none (starting, standing by, or opening again)."""
         if self._server is None:
             raise UnavailableError(self._failure or "the dataserver is starting")
         return self._server
 
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def forward_target(self) -> str | None:
+        """Where this standby forwards requests: the serving server's URL; None while this one serves, or no
+        server is known to serve."""
+        if self._server is not None or self._failure is not None:
+            return None
+        return self._serving_url
+
+    @property
+    def forwarder(self) -> httpx.AsyncClient:
+        """The client that forwards a standby's requests."""
+        if self._forwarder is None:
+            self._forwarder = httpx.AsyncClient(timeout=_FORWARD_TIMEOUT, follow_redirects=False)
+        return self._forwarder
+
+    def serving_unreachable(self) -> None:
+        """A forwarded request found nobody at the serving URL: look at the lock now, not at the next poll."""
+        self._wake.set()
+
     async def close(self) -> None:
-        if self._reopening is not None:
-            self._reopening.cancel()
+        if self._acquiring is not None:
+            self._acquiring.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._reopening
+                await self._acquiring
         if self._server is not None:
             await self._server.close()
             self._server = None
+        if self._forwarder is not None:
+            await self._forwarder.aclose()
 
-    def _watch(self, server: Dataserver) -> None:
+    def _serve(self, server: Dataserver) -> None:
+        self._server = server
+        self._failure = None
+        self._serving_url = None
+        self._acquiring = None
         storage = server.ctx.storage
         if storage.reopens:
             storage.on_failure = lambda: self._failed(server)
 
     def _failed(self, server: Dataserver) -> None:
-        if self._server is not server or self._reopening is not None:
+        if self._server is not server or self._acquiring is not None:
             return
         self._failure = server.ctx.storage.failure
         self._server = None
-        self._reopening = asyncio.create_task(self._reopen(server))
+        self._acquiring = asyncio.create_task(self._acquire(server))
 
-    async def _reopen(self, failed: Dataserver) -> None:
-        try:
-            await failed.close()
-        except Exception:  # its connections are likely gone with the database: nothing more to release
-            log.warning("closing the failed dataserver", exc_info=True)
-        said = -math.inf
-        while True:
-            await asyncio.sleep(self._retry_s)
+    async def _acquire(self, failed: Dataserver | None) -> None:
+        """Open the dataserver again once the database answers and its lock is free; meanwhile, stand by
+        while another server holds it."""
+        if failed is not None:
             try:
-                server = await self._open()
-                break
-            except Exception as exc:
-                if time.monotonic() - said >= _SAY_EVERY_S:  # once a minute at most, not once a try
-                    said = time.monotonic()
-                    log.warning("the state is still unavailable, retrying every %g s: %s", self._retry_s, exc)
-        log.warning("the state answers again: serving (resumed after iteration %s)", server.last_iteration)
-        self._failure = None
-        self._server = server
-        self._reopening = None
-        self._watch(server)
+                await failed.close()
+            except Exception:  # its connections are likely gone with the database: nothing more to release
+                log.warning("closing the failed dataserver", exc_info=True)
+        said = -math.inf
+        watch: Standby | None = None
+        try:
+            while True:
+                free = True
+                if self._standby is not None:
+                    try:
+                        if watch is None:
+                            watch = await asyncio.to_thread(self._standby)
+                        holder = await asyncio.to_thread(watch.poll)
+                        free = holder.free
+                        if not free:
+                            if self._failure is not None or holder.serving_url != self._serving_url:
+                                log.info("standing by: %s serves the database", holder.serving_url or "a server")
+                            self._serving_url, self._failure = holder.serving_url, None
+                    except StateMismatchError as exc:
+                        # A server of another curriculum took the database first: this one must not serve it.
+                        log.critical("%s", exc)
+                        os.kill(os.getpid(), signal.SIGTERM)
+                        return
+                    except Exception as exc:  # the database does not answer (StateUnreachableError, or its own)
+                        free = False
+                        if watch is not None:
+                            with contextlib.suppress(Exception):
+                                watch.close()
+                            watch = None
+                        self._failure = f"the state database does not answer ({exc}); reconnecting"
+                if free:
+                    try:
+                        server = await self._open()
+                    except StateInUseError:
+                        pass  # another standby took it first
+                    except Exception as exc:
+                        self._failure = f"the state cannot be opened ({exc}); retrying"
+                        if time.monotonic() - said >= _SAY_EVERY_S:  # once a minute at most, not once a try
+                            said = time.monotonic()
+                            log.warning("the state is still unavailable, retrying every %g s: %s", self._retry_s, exc)
+                    else:
+                        taken = "took over serving" if failed is None else "the state answers again: serving"
+                        log.warning("%s (resumed after iteration %s)", taken, server.last_iteration)
+                        self._serve(server)
+                        return
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._retry_s)
+        finally:
+            if watch is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(watch.close)

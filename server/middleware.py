@@ -1,5 +1,6 @@
 """Pure ASGI middleware, each looking only at a request's head: the API key, the body's content type, the
-body-size limit, and per-request metrics with one access-log line.
+body-size limit, per-request metrics with one access-log line, and a standby's forwarding of every request to
+the server that serves its database.
 
 The key and the content type are checked here rather than in route dependencies because FastAPI reads and
 parses a route's body before it runs the route's dependencies: an unauthenticated client would reach the
@@ -15,14 +16,25 @@ import json
 import logging
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import httpx
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proctor.server.metrics import Metrics
 
-__all__ = ["ApiKeyMiddleware", "BodyLimitMiddleware", "JsonBodyMiddleware", "RequestMetricsMiddleware"]
+if TYPE_CHECKING:
+    from proctor.server.handle import DataserverHandle
+
+__all__ = [
+    "FORWARDED_HEADER",
+    "ApiKeyMiddleware",
+    "BodyLimitMiddleware",
+    "ForwardingMiddleware",
+    "JsonBodyMiddleware",
+    "RequestMetricsMiddleware",
+]
 
 access_log = logging.getLogger("proctor.access")
 _PROBES = frozenset({"/healthz", "/metrics"})
@@ -211,3 +223,79 @@ class RequestMetricsMiddleware:
                     "iteration": iteration,
                 },
             )
+
+
+FORWARDED_HEADER = b"x-proctor-forwarded"
+# Headers that describe one connection, not the request: the forwarded request and answer get their own.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"host",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+
+
+class ForwardingMiddleware:
+    """On a standby (:mod:`proctor.server.handle`), every request goes to the server that serves the database,
+    as it came (method, path, query, headers with the API key, body), and its answer comes back as it went.
+
+    A request that a standby forwarded and that reaches another standby is not forwarded again: it gets a 503,
+    as does one whose serving server does not answer (it ended; a standby takes over within seconds). Clients
+    retry both. The inner middleware has bounded the body already."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handle: DataserverHandle | None = scope.get("state", {}).get("dataserver") if scope["type"] == "http" else None
+        target = None if handle is None else handle.forward_target()
+        if handle is None or target is None:
+            await self.app(scope, receive, send)
+            return
+        if _header(scope, FORWARDED_HEADER) is not None:
+            await _unavailable(send, "this server stands by and so does the one that forwarded the request; retry")
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        path = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string", b"")
+        url = target.rstrip("/") + path.decode("latin-1") + (("?" + query.decode("latin-1")) if query else "")
+        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP_BY_HOP] + [(FORWARDED_HEADER, b"1")]
+        client = handle.forwarder
+        try:
+            answer = await client.send(
+                client.build_request(scope["method"], url, headers=headers, content=bytes(body)), stream=True
+            )
+        except httpx.TransportError as exc:
+            handle.serving_unreachable()
+            await _unavailable(
+                send,
+                f"this server stands by, and the serving one at {target} does not answer ({type(exc).__name__}); "
+                "a standby takes over within seconds: retry",
+            )
+            return
+        try:
+            out = [(k, v) for k, v in answer.headers.raw if k.lower() not in _HOP_BY_HOP]
+            await send({"type": "http.response.start", "status": answer.status_code, "headers": out})
+            async for chunk in answer.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await answer.aclose()
+
+
+async def _unavailable(send: Send, detail: str) -> None:
+    await _send_json(send, 503, {"detail": detail}, [(b"retry-after", b"1")])

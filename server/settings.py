@@ -7,6 +7,7 @@ nothing reads the environment at import time.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -64,6 +65,12 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    advertise_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/\s]+/?$",
+        description="Where the other servers of a shared PostgreSQL database reach this one, http://host:port; "
+        "default: http://<host>:<port>, with this machine's address in place of a wildcard host.",
+    )
     api_key: SecretStr | None = Field(
         default=None, description="When set, every route but /healthz needs `Authorization: Bearer <key>`."
     )
@@ -133,6 +140,15 @@ class Settings(BaseSettings):
         if self.state is not None:
             return self.state
         return str(self.state_dir / f"{self.run_name(curriculum, curriculum_hash)}.db")
+
+    def advertised_url(self) -> str:
+        """:attr:`advertise_url`, or this server's address as another machine would reach it."""
+        if self.advertise_url is not None:
+            return self.advertise_url.rstrip("/")
+        host = self.host
+        if host in ("", "0.0.0.0", "::"):
+            host = socket.gethostbyname(socket.gethostname())
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     @field_validator("curriculum")
     @classmethod

@@ -1,6 +1,7 @@
 """Durable state in one SQLite file, or one PostgreSQL database: the batch of every sampled iteration, every
 grade, every transition. The statements are the same for both (:mod:`proctor.experience.database`); what follows
-about the WAL, checkpoints and the file lock is SQLite's, and a PostgreSQL database is held by an advisory lock.
+about the WAL, checkpoints and the file lock is SQLite's, and a PostgreSQL database is held by an advisory lock
+(other servers of the database stand by meanwhile: :class:`Standby`).
 
 WAL mode: readers never block the writer, and a transaction is on disk (in the WAL) once ``commit``
 returns, so ``kill -9`` at any moment loses nothing that was acknowledged. ``synchronous=NORMAL`` (the
@@ -43,10 +44,12 @@ __all__ = [
     "GradeOutcome",
     "GradeRow",
     "GroupChange",
+    "Holder",
     "IterationRow",
     "IterationTotals",
     "SQLiteVersionError",
     "StageTotals",
+    "Standby",
     "StateInUseError",
     "StateMismatchError",
     "StateUnreachableError",
@@ -331,8 +334,8 @@ class Store:
             free = self._try_lock()
             if not free:
                 raise StateInUseError(
-                    f"database {self.display} is in use by another proctor serve; stop that one, or give this one "
-                    "another database (PROCTOR_STATE). One database serves one process"
+                    f"database {self.display} is in use by another proctor serve; a proctor serve started on it "
+                    "stands by for that one and takes over when it stops. One process serves a database at a time"
                 )
             self._reader = Database.postgresql(self.path, application="proctor-reader")
             self._db.script(_SCHEMA)
@@ -456,13 +459,15 @@ class Store:
                 f"{self.described} has schema version {meta.get('schema_version')}, this proctor writes "
                 f"{SCHEMA_VERSION}; use a new --state path"
             )
-        if meta.get("curriculum_hash") != curriculum_hash or meta.get("seed") != str(seed):
-            raise StateMismatchError(
-                f"{self.described} belongs to curriculum {meta.get('curriculum')!r} "
-                f"(hash {meta.get('curriculum_hash')}, seed {meta.get('seed')}), but the server loaded "
-                f"{curriculum!r} (hash {curriculum_hash}, seed {seed}). The curriculum, its data or its seed "
-                "changed since this state was written: start a new run with another --run name or --state path "
-                "(PROCTOR_RUN, PROCTOR_STATE), or discard this one with --fresh"
+        _check_binding(meta, self.described, curriculum, curriculum_hash, seed)
+
+    def announce(self, url: str) -> None:
+        """Record where this server answers, for the standbys of its PostgreSQL database (:class:`Standby`)."""
+        with self._tx():
+            self._db.execute(
+                "INSERT INTO meta (key, value) VALUES ('serving_url', ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (url,),
             )
 
     # --- iterations -------------------------------------------------------------------------------------
@@ -833,6 +838,63 @@ class Store:
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """What a standby sees of its database: whether the serving lock is free, and where the server that holds
+    it said it answers (None before one has said)."""
+
+    free: bool
+    serving_url: str | None
+
+
+class Standby:
+    """A server's view of a PostgreSQL database that another server holds: one connection, without the lock,
+    that watches whether the lock is free and where the serving one answers.
+
+    Several ``proctor serve`` processes may share a database: one serves (it holds the advisory lock) and the
+    others stand by, forwarding requests to it and taking over when its connection ends."""
+
+    def __init__(self, path: str, *, curriculum: str, curriculum_hash: str, seed: int) -> None:
+        self.path = path
+        self._binding = (curriculum, curriculum_hash, seed)
+        try:
+            self._db = Database.postgresql(path, application="proctor-standby")
+        except ConnectionError as exc:
+            raise StateUnreachableError(f"the PostgreSQL database {redacted(path)} does not answer ({exc})") from None
+
+    def poll(self) -> Holder:
+        """Whether the lock is free now, and the serving server's URL. Raises :class:`StateMismatchError` when
+        the database belongs to another curriculum, as the serving one would."""
+        db = self._db
+        meta: dict[str, str] = {}
+        if db.table_exists("meta"):
+            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        if "curriculum_hash" in meta:
+            _check_binding(meta, f"the PostgreSQL database {redacted(self.path)}", *self._binding)
+        (free,) = db.execute("SELECT pg_try_advisory_lock(?)", (_ADVISORY_KEY,)).fetchone()
+        if free:
+            db.execute("SELECT pg_advisory_unlock(?)", (_ADVISORY_KEY,))  # to be taken by the store that serves
+        return Holder(bool(free), meta.get("serving_url"))
+
+    @property
+    def errors(self) -> tuple[type[BaseException], ...]:
+        return self._db.errors
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _check_binding(meta: dict[str, str], described: str, curriculum: str, curriculum_hash: str, seed: int) -> None:
+    if meta.get("curriculum_hash") != curriculum_hash or meta.get("seed") != str(seed):
+        raise StateMismatchError(
+            f"{described} belongs to curriculum {meta.get('curriculum')!r} "
+            f"(hash {meta.get('curriculum_hash')}, seed {meta.get('seed')}), but the server loaded "
+            f"{curriculum!r} (hash {curriculum_hash}, seed {seed}). The curriculum, its data or its seed "
+            "changed since this state was written: start a new run with another --run name or --state path "
+            "(PROCTOR_RUN, PROCTOR_STATE), or discard this one with --fresh"
+        )
 
 
 def _hold(path: str) -> int:

@@ -41,3 +41,12 @@ def test_every_docs_page_is_in_the_site_navigation() -> None:
     in_nav = {page for entry in config["nav"] for page in entry.values()}
     pages = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert pages == in_nav
+
+
+def test_the_deploying_page_shows_the_balancer_configuration_the_tests_run() -> None:
+    from bench._balancer import nginx_config
+
+    page = (ROOT / "docs" / "deploying.md").read_text()
+    [block] = re.findall(r"```nginx\n(.*?)```", page, flags=re.DOTALL)
+    upstreams = re.findall(r"server (\S+) max_fails", block)
+    assert block == nginx_config(upstreams, "8000")

@@ -57,8 +57,8 @@ def test_a_state_file_serves_one_store_at_a_time(state: str) -> None:
         Store(state)
     if state.startswith("postgresql://"):
         assert str(info.value) == (
-            f"database {state} is in use by another proctor serve; stop that one, or give this one another database "
-            "(PROCTOR_STATE). One database serves one process"
+            f"database {state} is in use by another proctor serve; a proctor serve started on it stands by for that "
+            "one and takes over when it stops. One process serves a database at a time"
         )
     else:
         assert str(info.value) == (
