@@ -65,13 +65,15 @@ async def failover(url: str, kill: Callable[[], None], seconds: float) -> dict[s
         kill()
         return time.perf_counter()
 
-    killed, *_ = await asyncio.gather(killer(), *(worker() for _ in range(CONCURRENCY)))
+    kill_at = asyncio.create_task(killer())
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    killed = await kill_at
     failed = [t for t, ok in outcomes if not ok]
     return {
         "requests": len(outcomes),
         "failed": len(failed),
         "to_full_service_s": (max(failed) - killed) if failed else 0.0,
-        "served_before_kill": sum(1 for t, ok in outcomes if ok and t < killed),
+        "served_before_kill": sum(ok and t < killed for t, ok in outcomes),
     }
 
 
