@@ -53,12 +53,16 @@ system-packages:
 	@missing=(); for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || missing+=($$p); done; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql); \
 	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light); \
-	if [ $${#missing[@]} -eq 0 ]; then exit 0; fi; \
+	compose_v2=""; if command -v docker >/dev/null && ! docker compose version >/dev/null 2>&1; then compose_v2=1; fi; \
+	if [ $${#missing[@]} -eq 0 ] && [ -z "$$compose_v2" ]; then exit 0; fi; \
 	if [ "$$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then \
-	  echo "make test: the tests need $${missing[*]}: run  sudo apt-get install -y $${missing[*]}" >&2; exit 1; \
+	  echo "make test: the tests need $${missing[*]} $${compose_v2:+docker compose v2 (docker/compose-v2.sh)}" >&2; exit 1; \
 	fi; \
-	echo "installing the Debian packages the tests drive: $${missing[*]}"; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$${missing[@]}" >/dev/null
+	if [ $${#missing[@]} -gt 0 ]; then \
+	  echo "installing the Debian packages the tests drive: $${missing[*]}"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$${missing[@]}" >/dev/null; \
+	fi; \
+	if [ -n "$$compose_v2" ]; then echo "installing Docker Compose v2 from Debian's package"; docker/compose-v2.sh; fi
 
 # Every suite on SQLite; then the suites whose servers keep state on PostgreSQL (bench/_postgresql.py starts a
 # cluster): every state file and in-memory state such a test names becomes a database of its own.

@@ -20,7 +20,7 @@ import httpx
 
 from proctor.cli.launcher import free_port
 
-__all__ = ["balancer", "nginx_config"]
+__all__ = ["balancer", "nginx_config", "nginx_main"]
 
 
 def nginx_config(upstreams: Sequence[str], listen: str) -> str:
@@ -35,7 +35,9 @@ def nginx_config(upstreams: Sequence[str], listen: str) -> str:
   server {{
     listen {listen};
     client_max_body_size 8m;
+    client_body_buffer_size 8m;
     proxy_read_timeout 600s;
+    proxy_max_temp_file_size 0;
     location / {{
       proxy_pass http://proctor;
       proxy_http_version 1.1;
@@ -45,6 +47,11 @@ def nginx_config(upstreams: Sequence[str], listen: str) -> str:
   }}
 }}
 """
+
+
+def nginx_main(http: str) -> str:
+    """A whole nginx configuration around an ``http`` block (:func:`nginx_config`), errors to stderr."""
+    return f"worker_processes 1;\nerror_log stderr warn;\nevents {{}}\n{http}"
 
 
 @contextmanager

@@ -51,3 +51,5 @@ def configure_logging(level: str = "info", fmt: Literal["text", "json"] = "text"
         logging.getLogger(name).propagate = True
     # proctor logs each request itself, with the iteration; uvicorn's access log would say it twice.
     logging.getLogger("uvicorn.access").disabled = True
+    # httpx says every request it sends at INFO: a standby's forwarded requests would be logged twice over.
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -454,10 +454,15 @@ class Store:
                     ],
                 )
             return
-        if meta.get("schema_version") != str(SCHEMA_VERSION):
+        version = meta.get("schema_version")
+        if version != str(SCHEMA_VERSION):
+            newer = version is not None and version.isdigit() and int(version) > SCHEMA_VERSION
             raise StateMismatchError(
-                f"{self.described} has schema version {meta.get('schema_version')}, this proctor writes "
-                f"{SCHEMA_VERSION}; use a new --state path"
+                f"{self.described} was written by a newer proctor (schema version {version}; this one reads up to "
+                f"{SCHEMA_VERSION}): upgrade proctor to serve it, or start a new run with another --run or --state"
+                if newer
+                else f"{self.described} has schema version {version}, this proctor writes {SCHEMA_VERSION}; use a "
+                "new --state path"
             )
         _check_binding(meta, self.described, curriculum, curriculum_hash, seed)
 

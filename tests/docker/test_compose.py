@@ -145,19 +145,51 @@ def test_the_image_copies_every_installed_folder() -> None:
         assert f"COPY {folder} ./{folder}" in text, folder
 
 
+def compose_implementation(version: str) -> list[str]:
+    if version == "v1":
+        return [system_command("docker-compose")]
+    docker = system_command("docker")
+    if subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
+        pytest.fail("docker compose (v2) is not installed: `make test` installs it (as root): docker/compose-v2.sh")
+    return [docker, "compose"]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
 @pytest.mark.parametrize(
     "profiles", [[], ["train"], ["monitoring"], ["cluster"]], ids=["default", "train", "monitoring", "cluster"]
 )
-def test_a_real_compose_implementation_accepts_the_file(profiles: list[str]) -> None:
+def test_both_compose_implementations_accept_the_file(profiles: list[str], version: str) -> None:
     args = [a for p in profiles for a in ("--profile", p)]
-    docker_compose = system_command("docker-compose")
     run = subprocess.run(
-        [docker_compose, "-f", str(DOCKER / "compose.yaml"), *args, "config"], capture_output=True, text=True
+        [*compose_implementation(version), "-f", str(DOCKER / "compose.yaml"), *args, "config"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("PROCTOR_", "POSTGRES_"))},
     )
     assert run.returncode == 0, run.stderr
     services = yaml.safe_load(run.stdout)["services"]
     assert "dataserver" in services
     assert services["dataserver"]["restart"] == "unless-stopped"
+    if profiles == ["cluster"]:
+        assert {"postgres", "replica", "balancer", "grade-worker"} <= set(services)
+        state = services["replica"]["environment"]["PROCTOR_STATE"]
+        assert state == "postgresql://proctor:proctor@postgres:5432/proctor"
+        port = services["balancer"]["ports"][0]  # v1 keeps the short form, v2 writes the long one
+        short = port if isinstance(port, str) else f"{port['host_ip']}:{port['published']}:{port['target']}"
+        assert short.removesuffix("/tcp") == "127.0.0.1:8080:8000"
+
+
+def test_the_cluster_balancer_is_the_one_the_docs_show_and_the_tests_run() -> None:
+    from bench._balancer import nginx_config, nginx_main
+
+    lines = (DOCKER / "cluster" / "nginx.conf").read_text().splitlines(keepends=True)
+    config = "".join(line for line in lines if not line.startswith("#"))
+    assert config == nginx_main(nginx_config(["replica:8000"], "8000"))
+    cluster = {name: svc for name, svc in compose()["services"].items() if svc.get("profiles") == ["cluster"]}
+    assert cluster["balancer"]["volumes"] == ["./cluster/nginx.conf:/etc/nginx/nginx.conf:ro"]
+    assert cluster["grade-worker"]["command"] == ["grade-worker", "--server", "http://balancer:8000"]
+    assert cluster["replica"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert "ports" not in cluster["replica"]  # reached through the balancer only
 
 
 def test_the_trainer_waits_for_a_healthy_dataserver() -> None:

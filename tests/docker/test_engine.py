@@ -1,9 +1,11 @@
 """docker/ on a real Docker engine: the image built, compose's dataserver up, the docs' curl tour against the
-container, its state kept across a stop and a start, and the cluster profile's grade-worker service scaled to
-two containers that do the grading.
+container, its state kept across a stop and a start (with ``docker-compose`` v1); then the cluster profile (with
+``docker compose`` v2): PostgreSQL, two servers of it behind nginx, two grade-worker containers that do the
+grading, and the serving server killed, the other taking over.
 
 The base image comes from Debian's packages (``docker/debian-base.sh``: debootstrap, then ``docker import``), or
-from ``PROCTOR_TEST_BASE_IMAGE`` where a registry is reachable (``python:3.11-slim``). Without a running engine
+from ``PROCTOR_TEST_BASE_IMAGE`` where a registry is reachable (``python:3.11-slim``); the cluster's postgres and
+nginx images are built on it from Debian's packages too (``tests/docker/services/``). Without a running engine
 (``dockerd``) the module is skipped, saying so; ``.ci/run`` starts one.
 """
 
@@ -15,7 +17,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"
 IMAGE = "proctor-e2e:test"
 BASE = "proctor-base:bookworm"
+SERVICES = ROOT / "tests" / "docker" / "services"
 pytestmark = pytest.mark.e2e
 
 
@@ -61,15 +64,28 @@ def image() -> str:
     return IMAGE
 
 
+@pytest.fixture(scope="module")
+def services(image: str) -> dict[str, str]:
+    """The cluster's postgres and nginx images, from Debian's packages on the same base, as compose's variables."""
+    base = os.environ.get("PROCTOR_TEST_BASE_IMAGE", BASE)
+    tags = {"POSTGRES_IMAGE": "proctor-e2e-postgres:test", "NGINX_IMAGE": "proctor-e2e-nginx:test"}
+    for target, tag in zip(("postgres", "nginx"), tags.values(), strict=True):
+        args = ["build", "-f", "Dockerfile", "--target", target, "--build-arg", f"BASE_IMAGE={base}", "-t", tag, "."]
+        built = subprocess.run(["docker", *args], cwd=SERVICES, capture_output=True, text=True, timeout=900)
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return tags
+
+
 @dataclass
 class Deployment:
     url: str
     project: str
     env: dict[str, str]
+    implementation: list[str]  # docker-compose (v1), or docker compose (v2)
 
     def compose(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         # The cluster profile named always: `up` starts what is asked for, and `down` stops all of it.
-        command = [system_command("docker-compose"), "-f", str(COMPOSE), "-p", self.project, "--profile", "cluster"]
+        command = [*self.implementation, "-f", str(COMPOSE), "-p", self.project, "--profile", "cluster"]
         command += args
         run = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
         assert run.returncode == 0, f"{' '.join(args)}:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
@@ -89,26 +105,58 @@ class Deployment:
             time.sleep(1)
 
 
+def compose_v1() -> list[str]:
+    return [system_command("docker-compose")]
+
+
+def compose_v2() -> list[str]:
+    if docker("compose", "version", check=False).returncode != 0:
+        pytest.fail("docker compose (v2) is not installed: `make test` installs it (as root): docker/compose-v2.sh")
+    return ["docker", "compose"]
+
+
 @contextlib.contextmanager
-def deployed(image: str, name: str, *up: str, **env: str) -> Iterator[Deployment]:
-    """``docker-compose up -d UP…`` on a free loopback port, with a fresh state volume; down at the end."""
+def deployed(
+    image: str, name: str, *up: str, implementation: list[str], cluster: bool = False, **env: str
+) -> Iterator[Deployment]:
+    """``compose up -d UP…`` on a free loopback port, with fresh volumes; down at the end. With ``cluster``, the
+    balancer's port is the one published, and the deployment is up once it answers."""
     port = free_port()
     # None of the shell's PROCTOR_* variables (an API key, say): compose would pass them into the container.
     shell = {k: v for k, v in os.environ.items() if not k.startswith("PROCTOR_")}
-    environment = {**shell, "PROCTOR_IMAGE": image, "PROCTOR_PUBLISH": f"127.0.0.1:{port}", **env}
-    d = Deployment(f"http://127.0.0.1:{port}", f"proctor-e2e-{name}-{os.getpid()}", environment)
+    published = "PROCTOR_CLUSTER_PUBLISH" if cluster else "PROCTOR_PUBLISH"
+    environment = {**shell, "PROCTOR_IMAGE": image, published: f"127.0.0.1:{port}", **env}
+    d = Deployment(f"http://127.0.0.1:{port}", f"proctor-e2e-{name}-{os.getpid()}", environment, implementation)
     try:
         d.compose("up", "-d", "--no-build", *up, timeout=300)
-        d.wait_until_healthy()
+        if cluster:
+            answers(lambda: httpx.get(d.url + "/healthz", timeout=10), d)
+        else:
+            d.wait_until_healthy()
         yield d
     finally:
         d.compose("down", "--volumes", timeout=300)
 
 
+def answers(call: Callable[[], httpx.Response], d: Deployment) -> httpx.Response:
+    """``call()`` until it answers other than 502 or 503 (nothing serves yet, or a server is taking over) and
+    connects; a liveness bound, not a timing claim."""
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            answer = call()
+            if answer.status_code not in (502, 503):
+                return answer
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, d.compose("logs", "--no-color").stdout[-3000:]
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def deployment(image: str) -> Iterator[Deployment]:
     """compose's dataserver alone."""
-    with deployed(image, "single", "dataserver") as d:
+    with deployed(image, "single", "dataserver", implementation=compose_v1()) as d:
         yield d
 
 
@@ -143,19 +191,38 @@ def test_the_state_survives_a_stop_and_a_start(deployment: Deployment) -> None:
     assert "GET /healthz" not in logs  # the health checks stay out of the INFO log
 
 
-def test_scaled_grade_workers_take_the_grader_role(image: str) -> None:
-    # No grader processes in the dataserver: its /grade is answered only if the two workers grade.
-    with deployed(image, "cluster", "--scale", "grade-worker=2", PROCTOR_GRADER_WORKERS="0") as d:
-        workers = d.compose("ps", "-q", "grade-worker").stdout.split()
-        assert len(workers) == 2
+def test_the_cluster_serves_through_its_balancer_and_survives_its_serving_server_killed(
+    image: str, services: dict[str, str]
+) -> None:
+    up = ["--scale", "replica=2", "--scale", "grade-worker=2", "balancer", "grade-worker"]
+    # No grader processes in the servers: a /grade is answered only if the grade-workers grade.
+    with deployed(
+        image, "cluster", *up, implementation=compose_v2(), cluster=True, PROCTOR_GRADER_WORKERS="0", **services
+    ) as d:
+        replicas = d.compose("ps", "-q", "replica").stdout.split()
+        assert len(replicas) == 2 and len(d.compose("ps", "-q", "grade-worker").stdout.split()) == 2
+        assert not d.compose("ps", "-q", "dataserver").stdout.strip()  # the single server stays down
+        # Each server, asked directly inside its container, answers the same batch for the same iteration.
+        ask = (
+            "import urllib.request; r = urllib.request.Request('http://127.0.0.1:8000/sample', "
+            'data=b\'{"iteration": 0, "batch_size": 4}\', headers={"Content-Type": "application/json"}); '
+            "print(urllib.request.urlopen(r, timeout=30).read().decode())"
+        )
+        direct = [json.loads(docker("exec", c, "python", "-c", ask).stdout) for c in replicas]
+        assert direct[0] == direct[1]
         batch = httpx.post(d.url + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30).json()
+        assert batch == direct[0]
         items = [{"sample_id": s["sample_id"], "slot": s["slot"], "completion": "7"} for s in batch["samples"]]
         graded = httpx.post(d.url + "/grade", json={"iteration": 0, "items": items}, timeout=120)
         assert graded.status_code == 200, graded.text
         assert [r["error"] for r in graded.json()["results"]] == [None] * 4
-        dispatched = [
-            line
-            for line in httpx.get(d.url + "/metrics", timeout=30).text.splitlines()
-            if line.startswith('proctor_requests_total{method="POST",route="/experience/leases/{lease}/collect"')
-        ]
-        assert dispatched, "no grade-worker collected a lease"
+
+        [serving] = [c for c in replicas if "serving curriculum" in docker("logs", c).stderr + docker("logs", c).stdout]
+        docker("kill", serving)
+        again = answers(lambda: httpx.post(d.url + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30), d)
+        assert again.json() == batch  # the other server took over, from the database
+        regraded = answers(lambda: httpx.post(d.url + "/grade", json={"iteration": 0, "items": items}, timeout=120), d)
+        assert [r["reward"] for r in regraded.json()["results"]] == [r["reward"] for r in graded.json()["results"]]
+        assert all(r["cached"] for r in regraded.json()["results"])  # graded once
+        [standby] = [c for c in replicas if c != serving]
+        assert "took over serving" in docker("logs", standby).stderr + docker("logs", standby).stdout

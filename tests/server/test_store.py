@@ -51,6 +51,20 @@ def test_a_state_file_belongs_to_one_curriculum(state: str) -> None:
     other.close()
 
 
+def test_a_state_of_a_newer_schema_is_refused_saying_so(state: str) -> None:
+    store = open_store(state)
+    store.connection.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    store.close()
+    again = Store(state)
+    with pytest.raises(StateMismatchError) as info:
+        again.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
+    again.close()
+    assert str(info.value).endswith(
+        "was written by a newer proctor (schema version 99; this one reads up to 3): upgrade proctor to serve it, "
+        "or start a new run with another --run or --state"
+    )
+
+
 def test_a_state_file_serves_one_store_at_a_time(state: str) -> None:
     held = open_store(state)
     with pytest.raises(StateInUseError) as info:
