@@ -36,6 +36,7 @@ def nginx_config(upstreams: Sequence[str], listen: str) -> str:
     listen {listen};
     client_max_body_size 8m;
     client_body_buffer_size 8m;
+    proxy_connect_timeout 2s;
     proxy_read_timeout 600s;
     proxy_max_temp_file_size 0;
     location / {{

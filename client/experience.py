@@ -132,7 +132,10 @@ class ExperienceClient:
         balance_by: str | None = None,
         max_tokens_per_microbatch: int | None = None,
         lease_s: float = 60.0,
+        wait_s: float = 0.0,
     ) -> Dispatch:
+        """As :meth:`ExperienceStore.dispatch`; with ``wait_s`` (at most 30 s) the server holds the request until a
+        row is ready or that long passed (a long poll)."""
         body = _request(
             dw.DispatchRequest,
             count=count,
@@ -142,6 +145,7 @@ class ExperienceClient:
             balance_by=balance_by,
             max_tokens_per_microbatch=max_tokens_per_microbatch,
             lease_s=lease_s,
+            wait_s=wait_s,
         )
         return self._call(
             "POST", f"/experience/consumers/{_segment(consumer)}/dispatch", dw.DispatchBody, body

@@ -8,6 +8,7 @@ and which exceptions mean that the database failed.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
@@ -47,6 +48,19 @@ def is_postgresql(target: str) -> bool:
     return target.startswith(_POSTGRESQL)
 
 
+# TCP keepalive probes on both ends of a PostgreSQL connection: the first after 5 s of silence, then every 2 s,
+# the connection dropped after 3 unanswered. A server whose machine left the network would otherwise hold its
+# connection, and with it the database's advisory lock, until the operating system's default (hours) ran out;
+# and it would not notice a database that did the same.
+_KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "options": "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3",
+}
+
+
 class Database:
     """A connection in autocommit mode: a statement outside :meth:`begin` … :meth:`commit` commits itself."""
 
@@ -65,6 +79,8 @@ class Database:
             self.execute = self._pg_execute
             self.errors = (psycopg.Error,)
         self._statements: dict[str, str] = {}
+        self._deferred: list[tuple[str, Sequence[Any]]] = []  # PostgreSQL's writes not sent yet (see defer)
+        self._begun = False
 
     @classmethod
     def sqlite(cls, path: str | Path, *, synchronous: Literal["normal", "full"] | None = "normal") -> Database:
@@ -89,7 +105,7 @@ class Database:
         except ImportError:  # pragma: no cover - the server extra installs it
             raise ImportError("a postgresql:// database needs psycopg 3: pip install 'proctor[postgresql]'") from None
         try:
-            raw = psycopg.connect(url, autocommit=True, application_name=application)
+            raw = psycopg.connect(url, autocommit=True, application_name=application, **_KEEPALIVES)
         except psycopg.OperationalError as exc:
             raise ConnectionError(error_line(exc)) from None
         return cls("postgresql", raw)
@@ -104,12 +120,39 @@ class Database:
         return statement
 
     def _pg_execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self._deferred:
+            return self._flush(self._pg(sql), params)
         return self.raw.execute(self._pg(sql), params)
+
+    def defer(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """A statement whose result nobody reads (a write). SQLite runs it now; PostgreSQL sends it with the next
+        statement whose result is read, or with the ``COMMIT``, in one round trip (psycopg's pipeline), so that a
+        transaction waits for the database once per answer it needs rather than once per statement. Its error,
+        if any, is raised by that later call, inside the same transaction."""
+        if isinstance(self.raw, sqlite3.Connection):
+            self.raw.execute(sql, params)
+            return
+        self._deferred.append((self._pg(sql), params))
+
+    def _flush(self, sql: str | None = None, params: Sequence[Any] = ()) -> Any:
+        """The deferred statements, then ``sql``, in one round trip; ``sql``'s cursor."""
+        raw = self.raw
+        assert not isinstance(raw, sqlite3.Connection)  # only PostgreSQL defers
+        deferred, self._deferred = self._deferred, []
+        cursor = None
+        with raw.pipeline():
+            for statement, values in deferred:
+                raw.execute(statement, values)
+            if sql is not None:
+                cursor = raw.execute(sql, params)
+        return cursor
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         if isinstance(self.raw, sqlite3.Connection):
             self.raw.executemany(sql, rows)
             return
+        if self._deferred:
+            self._flush()
         rows = list(rows)
         if rows:
             with self.raw.cursor() as cursor:
@@ -129,6 +172,8 @@ class Database:
         if isinstance(self.raw, sqlite3.Connection):
             self.raw.executescript(schema)
             return
+        if self._deferred:
+            self._flush()
         for statement in self.ddl(schema).split(";"):
             if statement.strip():
                 self.raw.execute(statement)
@@ -172,17 +217,35 @@ class Database:
             return self.raw.in_transaction
         from psycopg.pq import TransactionStatus
 
-        return self.raw.info.transaction_status != TransactionStatus.IDLE
+        # A BEGIN still deferred has not reached the database, and counts all the same.
+        return self._begun or self.raw.info.transaction_status != TransactionStatus.IDLE
 
     def begin(self) -> None:
-        # SQLite: take the write lock now, not at the first write (a reader that turns writer can deadlock).
-        self.execute("BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN")
+        if isinstance(self.raw, sqlite3.Connection):
+            # Take the write lock now, not at the first write (a reader that turns writer can deadlock).
+            self.raw.execute("BEGIN IMMEDIATE")
+            return
+        self.defer("BEGIN")  # with the transaction's first statement
+        self._begun = True
 
     def commit(self) -> None:
-        self.execute("COMMIT")
+        self._begun = False
+        if isinstance(self.raw, sqlite3.Connection):
+            self.raw.execute("COMMIT")
+            return
+        try:
+            self.execute("COMMIT")  # with the writes still deferred, whose errors surface here
+        except BaseException:
+            # A deferred write failed: the transaction is aborted, and nothing of it stays.
+            with contextlib.suppress(*self.errors):
+                self.raw.execute("ROLLBACK")
+            raise
 
     def rollback(self) -> None:
+        self._begun = False
+        self._deferred.clear()
         self.execute("ROLLBACK")
 
     def close(self) -> None:
+        self._deferred.clear()
         self.raw.close()

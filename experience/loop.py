@@ -27,6 +27,7 @@ class ExperienceLike(Protocol):
         balance_by: str | None = None,
         max_tokens_per_microbatch: int | None = None,
         lease_s: float = 60.0,
+        wait_s: float = 0.0,
     ) -> Dispatch: ...
 
     def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> Collected: ...

@@ -281,13 +281,13 @@ class ExperienceTables:
     # --- writes (inside a transaction) ---------------------------------------------------------------------
 
     def add_table(self, table: StoredTable) -> None:
-        self._db.execute(
+        self._db.defer(
             "INSERT INTO experience_tables (iteration, slots, group_size, created_at) VALUES (?, ?, ?, ?)",
             (table.iteration, table.slots, table.group_size, time.time()),
         )
 
     def set_shape(self, table: StoredTable) -> None:
-        self._db.execute(
+        self._db.defer(
             "UPDATE experience_tables SET slots = ?, group_size = ? WHERE iteration = ?",
             (table.slots, table.group_size, table.iteration),
         )
@@ -295,7 +295,7 @@ class ExperienceTables:
     def drop_tables(self, iterations: Sequence[int]) -> None:
         for iteration in iterations:
             for table in ("experience_tables", "experience_chunks", "experience_leases"):
-                self._db.execute(f"DELETE FROM {table} WHERE iteration = ?", (iteration,))
+                self._db.defer(f"DELETE FROM {table} WHERE iteration = ?", (iteration,))
 
     def add_consumer(self, name: str, needs: Sequence[str], produces: Sequence[str], dispatch_size: int | None) -> None:
         self._db.execute(
@@ -341,7 +341,7 @@ class ExperienceTables:
         return [ids[name] for name, *_ in chunks]
 
     def add_lease(self, lease: Lease) -> None:
-        self._db.execute(
+        self._db.defer(
             "INSERT INTO experience_leases (lease, consumer, iteration, slots, indices, expires_at, state)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
@@ -356,6 +356,6 @@ class ExperienceTables:
         )
 
     def set_lease(self, lease: str, *, state: LeaseState, expires_at: float) -> None:
-        self._db.execute(
+        self._db.defer(
             "UPDATE experience_leases SET state = ?, expires_at = ? WHERE lease = ?", (state, expires_at, lease)
         )

@@ -64,6 +64,7 @@ __all__ = [
 RowKey = tuple[int, int]
 """``(slot, index)``: a prompt's slot in the step's batch, and which of its completions."""
 
+_WAIT_LOOK_S = 0.01  # how often a waiting dispatch looks for ready rows
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-.")
 _MAX_NAME = 64
 
@@ -805,6 +806,7 @@ class ExperienceStore:
         balance_by: str | None = None,
         max_tokens_per_microbatch: int | None = None,
         lease_s: float = 60.0,
+        wait_s: float = 0.0,
     ) -> Dispatch:
         """Claim up to ``count`` rows ready for ``consumer`` (its ``dispatch_size`` when not given).
 
@@ -813,8 +815,32 @@ class ExperienceStore:
         the group size. ``dp_size`` splits the rows among that many readers; ``balance_by`` (a needed column:
         an array, whose length counts, or an integer) balances them by tokens with the dynamic-batching
         planner, under ``max_tokens_per_microbatch`` when given. The rows are leased for ``lease_s``
-        seconds. Never waits: with no row ready, the dispatch is empty.
+        seconds. With no row ready, the dispatch is empty, at once or, with ``wait_s``, once that many seconds
+        passed without one (the calling thread looks again every few milliseconds meanwhile, holding nothing).
         """
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 <= wait_s <= 3600:
+            raise ExperienceInputError("wait_s", f"{wait_s!r} is not a number of seconds in 0..3600")
+        deadline = time.monotonic() + wait_s
+        while True:
+            batch = self._dispatch(
+                consumer, count, iteration, groups, dp_size, balance_by, max_tokens_per_microbatch, lease_s
+            )
+            left = deadline - time.monotonic()
+            if batch.lease is not None or left <= 0:
+                return batch
+            time.sleep(min(left, _WAIT_LOOK_S))
+
+    def _dispatch(
+        self,
+        consumer: str,
+        count: int | None,
+        iteration: int | None,
+        groups: bool,
+        dp_size: int,
+        balance_by: str | None,
+        max_tokens_per_microbatch: int | None,
+        lease_s: float,
+    ) -> Dispatch:
         _check_count("dp_size", dp_size, 1, 4096)
         self._check_lease_s(lease_s)
         if groups and balance_by is not None:

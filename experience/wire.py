@@ -176,6 +176,9 @@ class ReadBody(_Wire):
     columns: dict[str, WireColumn]
 
 
+MAX_DISPATCH_WAIT_S = 30.0
+
+
 class DispatchRequest(_Wire):
     count: int | None = Field(default=None, ge=1, le=MAX_ROWS, description="Rows; the consumer's dispatch_size.")
     iteration: int | None = Field(default=None, ge=-(2**62), le=2**62, description="The table; the oldest ready one.")
@@ -184,6 +187,13 @@ class DispatchRequest(_Wire):
     balance_by: _Name | None = Field(default=None, description="A needed column whose lengths balance the readers.")
     max_tokens_per_microbatch: int | None = Field(default=None, ge=1, le=2**40)
     lease_s: float = Field(default=60.0, gt=0, le=86_400, description="Seconds the rows are held.")
+    wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_DISPATCH_WAIT_S,
+        description="With no row ready: seconds to wait for one before answering empty (a long poll); 0 answers "
+        "at once.",
+    )
 
 
 class DispatchBody(_Wire):

@@ -57,6 +57,9 @@ _OPENED = 4096  # steps remembered as opened, so a repeated /sample costs no sto
 _RECOVER_ROWS = 4096
 _SIGNALS = 1024  # tables whose collections /grade can wait for at once
 _LOOK_S = 0.05
+# How often a waiting dispatch looks again without being woken: for rows that no write announces (those of a
+# lease that expired).
+_READY_LOOK_S = 0.25
 _GRADES_PER_PART = 256  # grades counted in the curriculum's statistics between two turns of the event loop
 
 
@@ -205,7 +208,9 @@ class Rollouts:
         """Write completions to their rows (a step's slot, or the step's loose completions), for the grader
         role elsewhere (remote grade-workers, which poll); returns each one's ``(table, slot, index)``."""
         x = self.experience
-        return await x.call(_enqueue, x.store, self._loose, completions, self._stage_names(completions))
+        placed = await x.call(_enqueue, x.store, self._loose, completions, self._stage_names(completions))
+        await self.written.notify()  # a grade-worker waiting in a dispatch takes them at once
+        return placed
 
     async def write_graded(self, graded: Sequence[Graded], *, lease_s: float) -> Written:
         """Write completions the caller graded, with their rewards and grades, in one store call and one
@@ -319,6 +324,18 @@ class Rollouts:
             for start in range(0, len(rows), _RECOVER_ROWS):
                 part = Collected(col.GRADER.name, info.iteration, tuple(rows[start : start + _RECOVER_ROWS]))
                 await self._counted(await x.call(_record, x.store, x.state, part, {}, self._stage_of))
+
+    async def when_ready(self, wait_s: float, dispatch: Callable[[], Awaitable[tuple[bool, T]]]) -> T:
+        """``dispatch()`` (which says whether it found no row, and its answer) again until it finds rows or
+        ``wait_s`` passed: a long poll, woken by the writes that make rows ready."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            since = self.written.version
+            empty, answer = await dispatch()
+            left = deadline - time.monotonic()
+            if not empty or left <= 0:
+                return answer
+            await self.written.wait(since, min(left, _READY_LOOK_S))
 
     async def when_written(self, table: int, wait_s: float, read: Callable[[], Awaitable[T]]) -> T:
         """``read()`` once it no longer fails for cells not yet written, or its failure after ``wait_s``."""

@@ -46,6 +46,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _CHECKPOINT_EVERY_S = 0.5
+_WATCH_EVERY_S = 1.0
 # A new iteration waiting for its group commit, with the future its requests wait on.
 _Queued = tuple[IterationRow, Sequence[TransitionRecord], str, "asyncio.Future[None]"]
 _WAL_RESTART_FRAMES = 8192  # 32 MiB of 4 KiB pages
@@ -90,6 +91,7 @@ class AsyncStore:
         self._inline = store.concurrent_reads
         self.failure: str | None = None
         self._checkpoints: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._queued: list[_Queued] = []
         self._idle = asyncio.Event()  # set while no group commit is queued or running
         self._idle.set()
@@ -124,6 +126,8 @@ class AsyncStore:
             raise
         wrapper = cls(store, thread)
         wrapper._checkpoints = asyncio.create_task(wrapper._checkpoint_forever())
+        if wrapper.reopens:
+            wrapper._watch = asyncio.create_task(wrapper._watch_forever())
         return wrapper
 
     @property
@@ -145,10 +149,11 @@ class AsyncStore:
             raise UnavailableError(self.fail(exc)) from exc
 
     async def close(self) -> None:
-        if self._checkpoints is not None:
-            self._checkpoints.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checkpoints
+        for task in (self._checkpoints, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._idle.wait()  # let a group commit in progress finish
         await self._on_thread(self._store.close)
         self.thread.shutdown(wait=True)
@@ -161,6 +166,17 @@ class AsyncStore:
                 await asyncio.to_thread(self._store.checkpoint, restart_after_frames=_WAL_RESTART_FRAMES)
             except Exception:  # a busy or failing checkpoint is retried; writes report their own failures
                 log.exception("WAL checkpoint failed")
+
+    async def _watch_forever(self) -> None:
+        """Ask a PostgreSQL database every second whether the connection holds. A server that no request writes
+        through would otherwise go on answering from memory after losing its connection (and with it the
+        database's lock, which a standby then takes), until its next write failed."""
+        while self.failure is None:
+            await asyncio.sleep(_WATCH_EVERY_S)
+            try:
+                await self.write(self._store.ping)
+            except UnavailableError:
+                return  # write() stopped the server; the handle opens the database again
 
     # --- failure ------------------------------------------------------------------------------------------
 

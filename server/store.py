@@ -417,6 +417,10 @@ class Store:
             os.close(self._lock)  # and with it the lock
             self._lock = None
 
+    def ping(self) -> None:
+        """One round trip on the writer connection: an error when it no longer holds."""
+        self._db.execute("SELECT 1").fetchone()
+
     def checkpoint(self, *, restart_after_frames: int) -> None:
         """Copy committed WAL frames into the database file, on a connection of its own (so from any thread).
 
@@ -501,27 +505,30 @@ class Store:
         now = time.time()
         with self._tx():
             for row, transitions, samples_json in entries:
-                self._db.execute(
+                self._db.defer(
                     "INSERT INTO iterations (iteration, batch_size, stage, samples, created_at) VALUES (?, ?, ?, ?, ?)",
                     (row.iteration, row.batch_size, row.stage, samples_json or json.dumps(row.samples), now),
                 )
-                self._db.executemany(
-                    "INSERT INTO served (sample_id, iteration) VALUES (?, ?) ON CONFLICT (sample_id) DO UPDATE"
-                    " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
-                    [(sid, row.iteration) for sid in {s["sample_id"] for s in row.samples}],
-                )
+                served = sorted({s["sample_id"] for s in row.samples})
+                for part in _parts(served, _ROWS_PER_STATEMENT):
+                    values, params = self._db.rows(("text", "bigint"), [(sid, row.iteration) for sid in part])
+                    self._db.defer(
+                        f"INSERT INTO served (sample_id, iteration) {values} ON CONFLICT (sample_id) DO UPDATE"
+                        " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
+                        params,
+                    )
                 self._insert_transitions(transitions, now)
                 if row.decision is not None:
                     self._record_decision(row.iteration, row.stage, row.decision)
 
     def _record_decision(self, iteration: int, stage: int, decision: DecisionRow) -> None:
-        self._db.execute(
+        self._db.defer(
             "INSERT INTO decisions (iteration, stage, sampler, state, detail) VALUES (?, ?, ?, ?, ?)",
             (iteration, stage, decision.sampler, json.dumps(decision.state), json.dumps(decision.detail)),
         )
         for part in _parts(list(decision.served), _ROWS_PER_STATEMENT):
             rows, params = self._db.rows(("text", "bigint", "bigint"), part)
-            self._db.execute(
+            self._db.defer(
                 f"INSERT INTO items (source, key, served_epoch) {rows}"
                 " ON CONFLICT (source, key) DO UPDATE SET served_epoch = excluded.served_epoch",
                 params,
@@ -542,14 +549,12 @@ class Store:
                 )
 
     def _insert_transitions(self, transitions: Sequence[TransitionRecord], now: float) -> None:
-        self._db.executemany(
-            "INSERT INTO transitions (iteration, from_stage, to_stage, reason, rolling_reward, rolling_count,"
-            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                (t.iteration, t.from_stage, t.to_stage, t.reason, t.rolling_reward, t.rolling_count, now)
-                for t in transitions
-            ],
-        )
+        for t in transitions:
+            self._db.defer(
+                "INSERT INTO transitions (iteration, from_stage, to_stage, reason, rolling_reward, rolling_count,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (t.iteration, t.from_stage, t.to_stage, t.reason, t.rolling_reward, t.rolling_count, now),
+            )
 
     def decided_through(self) -> int | None:
         """The last iteration whose stage an adopted run decided; None when none was adopted."""
@@ -720,7 +725,7 @@ class Store:
                 (*_GROUP_KEY, "bigint", "double precision", "double precision"),
                 [(*k, groups[k].n, groups[k].mean, groups[k].m2) for k in gpart],
             )
-            self._db.execute(
+            self._db.defer(
                 f"INSERT INTO groups (iteration, sample_id, slot, n, mean, m2) {values}"
                 " ON CONFLICT (iteration, sample_id, slot) DO UPDATE SET n = excluded.n, mean = excluded.mean,"
                 " m2 = excluded.m2",
@@ -745,7 +750,7 @@ class Store:
                     for st in (items[k],)
                 ],
             )
-            self._db.execute(
+            self._db.defer(
                 "INSERT INTO items (source, key, passes, fails, groups, streak, streak_before, last_iteration,"
                 f" last_slot) {values}"
                 " ON CONFLICT (source, key) DO UPDATE SET passes = excluded.passes, fails = excluded.fails,"

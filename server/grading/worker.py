@@ -33,7 +33,9 @@ __all__ = ["GradeWorker", "WorkerStats", "source_graders"]
 
 log = logging.getLogger("proctor.grade_worker")
 
-_MIN_WAIT_S, _MAX_WAIT_S = 0.01, 0.5  # between empty dispatches: quick while busy, gentle when idle
+# A dispatch waits this long at the server for a ready row (a long poll): an idle worker asks every few seconds,
+# and a busy one gets new rows the moment they are written.
+DISPATCH_WAIT_S = 5.0
 _RECONNECT_S = 1.0
 
 
@@ -97,14 +99,18 @@ class GradeWorker:
 
     async def run(self, stop: asyncio.Event | None = None, *, idle_exit_s: float | None = None) -> WorkerStats:
         stop = stop or asyncio.Event()
-        wait = _MIN_WAIT_S
+        wait_s = DISPATCH_WAIT_S if idle_exit_s is None else min(DISPATCH_WAIT_S, idle_exit_s)
         last_work = time.monotonic()
         while not stop.is_set():
             if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
                 break
             try:
                 batch = await asyncio.to_thread(
-                    self.experience.dispatch, col.GRADER.name, self.rows_per_dispatch, lease_s=self.lease_s
+                    self.experience.dispatch,
+                    col.GRADER.name,
+                    self.rows_per_dispatch,
+                    lease_s=self.lease_s,
+                    wait_s=wait_s,
                 )
             except self.transient as exc:
                 self.stats.unreachable += 1
@@ -112,10 +118,7 @@ class GradeWorker:
                 await _sleep(stop, _RECONNECT_S)
                 continue
             if batch.lease is None:
-                await _sleep(stop, wait)
-                wait = min(wait * 2, _MAX_WAIT_S)
-                continue
-            wait = _MIN_WAIT_S
+                continue  # the dispatch waited for a row already
             async with renewing(self._renew, batch.lease, self.lease_s):
                 columns = await grade_rows(self.fanout, self.graders, batch.columns)
             await self._collect(batch.lease, columns, len(batch), stop)

@@ -150,12 +150,17 @@ async def dispatch(
     body: Annotated[dw.DispatchRequest, Depends(json_body(dw.DispatchRequest))],
     server: DataserverDep,
 ) -> Response:
-    """Claim rows ready for the consumer under a lease (empty, with ``lease: null``, when none is ready)."""
+    """Claim rows ready for the consumer under a lease (empty, with ``lease: null``, when none is ready, at once
+    or after ``wait_s`` without one)."""
     x = server.experience
-    return await x.call(_dispatch, x.store, name, body)
+    if body.wait_s > 0:
+        return await server.rollouts.when_ready(body.wait_s, lambda: x.call(_dispatch, x.store, name, body))
+    _, answer = await x.call(_dispatch, x.store, name, body)
+    return answer
 
 
-def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) -> Response:
+def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) -> tuple[bool, Response]:
+    """Whether the dispatch found no row, and its answer. Never waits: the store's thread is every write's."""
     batch = experience.dispatch(
         name,
         body.count,
@@ -166,7 +171,7 @@ def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) 
         max_tokens_per_microbatch=body.max_tokens_per_microbatch,
         lease_s=body.lease_s,
     )
-    return _json(dw.DispatchBody.of(batch))
+    return batch.lease is None, _json(dw.DispatchBody.of(batch))
 
 
 @router.get("/consumers/{name}/tables/{iteration}", response_model=dw.ConsumptionBody, responses=error_responses(404))

@@ -191,16 +191,19 @@ def test_the_state_survives_a_stop_and_a_start(deployment: Deployment) -> None:
     assert "GET /healthz" not in logs  # the health checks stay out of the INFO log
 
 
-def test_the_cluster_serves_through_its_balancer_and_survives_its_serving_server_killed(
+def test_the_cluster_serves_through_its_balancer_and_survives_losing_its_serving_server(
     image: str, services: dict[str, str]
 ) -> None:
-    up = ["--scale", "replica=2", "--scale", "grade-worker=2", "balancer", "grade-worker"]
+    """Three servers of the database behind nginx, two grade-workers. The serving server is cut off the network
+    (another takes over once PostgreSQL's keepalive probes drop its connection), then the next one is killed
+    (the last takes over at once); each time the same batch and the same grades, counted once."""
+    up = ["--scale", "replica=3", "--scale", "grade-worker=2", "balancer", "grade-worker"]
     # No grader processes in the servers: a /grade is answered only if the grade-workers grade.
     with deployed(
         image, "cluster", *up, implementation=compose_v2(), cluster=True, PROCTOR_GRADER_WORKERS="0", **services
     ) as d:
         replicas = d.compose("ps", "-q", "replica").stdout.split()
-        assert len(replicas) == 2 and len(d.compose("ps", "-q", "grade-worker").stdout.split()) == 2
+        assert len(replicas) == 3 and len(d.compose("ps", "-q", "grade-worker").stdout.split()) == 2
         assert not d.compose("ps", "-q", "dataserver").stdout.strip()  # the single server stays down
         # Each server, asked directly inside its container, answers the same batch for the same iteration.
         ask = (
@@ -209,20 +212,41 @@ def test_the_cluster_serves_through_its_balancer_and_survives_its_serving_server
             "print(urllib.request.urlopen(r, timeout=30).read().decode())"
         )
         direct = [json.loads(docker("exec", c, "python", "-c", ask).stdout) for c in replicas]
-        assert direct[0] == direct[1]
+        assert direct[0] == direct[1] == direct[2]
         batch = httpx.post(d.url + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30).json()
         assert batch == direct[0]
         items = [{"sample_id": s["sample_id"], "slot": s["slot"], "completion": "7"} for s in batch["samples"]]
         graded = httpx.post(d.url + "/grade", json={"iteration": 0, "items": items}, timeout=120)
         assert graded.status_code == 200, graded.text
+        rewards = [r["reward"] for r in graded.json()["results"]]
         assert [r["error"] for r in graded.json()["results"]] == [None] * 4
 
-        [serving] = [c for c in replicas if "serving curriculum" in docker("logs", c).stderr + docker("logs", c).stdout]
-        docker("kill", serving)
-        again = answers(lambda: httpx.post(d.url + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30), d)
-        assert again.json() == batch  # the other server took over, from the database
-        regraded = answers(lambda: httpx.post(d.url + "/grade", json={"iteration": 0, "items": items}, timeout=120), d)
-        assert [r["reward"] for r in regraded.json()["results"]] == [r["reward"] for r in graded.json()["results"]]
-        assert all(r["cached"] for r in regraded.json()["results"])  # graded once
-        [standby] = [c for c in replicas if c != serving]
-        assert "took over serving" in docker("logs", standby).stderr + docker("logs", standby).stdout
+        def serving(candidates: list[str]) -> str:
+            [one] = [c for c in candidates if "serving curriculum" in logs(c) or "took over serving" in logs(c)]
+            return one
+
+        def serves_on() -> None:
+            again = answers(
+                lambda: httpx.post(d.url + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30), d
+            )
+            assert again.json() == batch  # from the database
+            regraded = answers(
+                lambda: httpx.post(d.url + "/grade", json={"iteration": 0, "items": items}, timeout=120), d
+            )
+            assert [r["reward"] for r in regraded.json()["results"]] == rewards
+            assert all(r["cached"] for r in regraded.json()["results"])  # graded once
+
+        cut = serving(replicas)
+        docker("network", "disconnect", f"{d.project}_default", cut)
+        serves_on()
+        left = [c for c in replicas if c != cut]
+        killed = serving(left)
+        docker("kill", killed)
+        serves_on()
+        [last] = [c for c in left if c != killed]
+        assert "took over serving" in logs(last)
+
+
+def logs(container: str) -> str:
+    run = docker("logs", container)
+    return run.stdout + run.stderr

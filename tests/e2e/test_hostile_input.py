@@ -278,6 +278,7 @@ STORE_NUMBERS = [
     ("PUT", "/experience/consumers/scorer", {"needs": ["completion"], "dispatch_size": 2}, "dispatch_size"),
     ("POST", "/experience/consumers/grader/dispatch", {"count": 2}, "count"),
     ("POST", "/experience/consumers/grader/dispatch", {"count": 2, "lease_s": 2}, "lease_s"),
+    ("POST", "/experience/consumers/grader/dispatch", {"count": 2, "wait_s": 0}, "wait_s"),
 ]
 
 
@@ -286,11 +287,11 @@ STORE_NUMBERS = [
 def test_the_stores_numbers_are_json_numbers(
     http: httpx.Client, method: str, path: str, base: dict[str, Any], name: str, value: Any
 ) -> None:
-    if name == "lease_s" and value == 2.5:
-        return  # a float is a lease's length
+    if name in ("lease_s", "wait_s") and value == 2.5:
+        return  # a float is a lease's length, or a wait's
     response = http.request(method, path, json={**base, name: value})
     assert response.status_code == 422, response.text
-    kind = "a valid number" if name == "lease_s" else "a JSON integer"
+    kind = "a valid number" if name in ("lease_s", "wait_s") else "a JSON integer"
     assert detail(response) == f"{name}: Input should be {kind}; got {json.dumps(value)}"
 
 
@@ -315,6 +316,13 @@ MALFORMED = [
         id="junk-field",
     ),
 ]
+
+
+@pytest.mark.parametrize(("value", "message"), [(-1, "greater than or equal to 0"), (31, "less than or equal to 30")])
+def test_a_dispatch_waits_at_most_30_seconds(http: httpx.Client, value: int, message: str) -> None:
+    response = http.post("/experience/consumers/grader/dispatch", json={"count": 2, "wait_s": value})
+    assert response.status_code == 422, response.text
+    assert detail(response) == f"wait_s: Input should be {message}; got {value}"
 
 
 @pytest.mark.parametrize(("body", "status", "message"), MALFORMED)

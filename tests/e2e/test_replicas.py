@@ -85,6 +85,33 @@ def test_replicas_answer_alike_and_a_standby_takes_over_from_a_killed_server(
     assert sorted("took over serving" in log for log in logs) == [False, True], logs
 
 
+def test_a_serving_server_whose_connection_ends_stops_serving_without_a_request(
+    server_process: Callable[..., Any], curriculum_file: Path, postgresql_cluster: PostgreSQLCluster, tmp_path: Path
+) -> None:
+    """The database ends the serving server's connection (as it does for a machine cut off the network), and
+    nothing is asked of that server: it notices by itself, and a server of the database serves on."""
+    import psycopg
+
+    database = postgresql_cluster.new_database()
+    first, standby = replicas(server_process, curriculum_file, database, 2)
+    batch = httpx.post(first.url + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30).text
+    name = database.rsplit("/", 1)[1]
+    with psycopg.connect(postgresql_cluster.url(), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND application_name = 'proctor'",
+            (name,),
+        )
+    deadline = time.monotonic() + 60  # a liveness bound, not a timing claim
+    while "stopped accepting writes" not in first.log.read_text():
+        assert time.monotonic() < deadline, first.log.read_text()[-3000:]
+        time.sleep(0.1)
+    for url in (first.url, standby.url):
+        again = until_served(
+            lambda url=url: httpx.post(url + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30)
+        )
+        assert again.text == batch
+
+
 def test_a_replica_of_another_curriculum_is_refused(
     server_process: Callable[..., Any], curriculum_file: Path, postgresql_cluster: PostgreSQLCluster
 ) -> None:

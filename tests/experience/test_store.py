@@ -13,6 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -352,6 +353,19 @@ def test_an_empty_dispatch_has_no_lease(experience: ExperienceStore) -> None:
         assert (batch.lease, len(batch), batch.rows) == (None, 0, ())
         assert dict(batch.columns) == {}
     assert counts(experience, "scorer", 0) == (4, 0, 0, 0)
+
+
+def test_a_waiting_dispatch_takes_rows_written_while_it_waits(experience: ExperienceStore) -> None:
+    experience.open(0, slots=2, group_size=1)
+    experience.register("scorer", needs=["prompt"])
+    assert experience.dispatch("scorer", 4, wait_s=0.2).lease is None  # nothing came: empty after the wait
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(experience.dispatch, "scorer", 4, wait_s=30)
+        time.sleep(0.2)  # so that the dispatch is waiting when the rows come
+        experience.put(0, [(0, 0), (1, 0)], {"prompt": ["a", "b"]})
+        batch = waiting.result(timeout=60)
+    assert batch.lease is not None
+    assert sorted(batch.rows) == [(0, 0), (1, 0)]
 
 
 def test_dispatch_without_iteration_takes_the_oldest_table_with_a_ready_row(experience: ExperienceStore) -> None:
