@@ -48,16 +48,19 @@ def is_postgresql(target: str) -> bool:
     return target.startswith(_POSTGRESQL)
 
 
-# TCP keepalive probes on both ends of a PostgreSQL connection: the first after 5 s of silence, then every 2 s,
-# the connection dropped after 3 unanswered. A server whose machine left the network would otherwise hold its
-# connection, and with it the database's advisory lock, until the operating system's default (hours) ran out;
-# and it would not notice a database that did the same.
+# On both ends of a PostgreSQL connection: TCP keepalive probes (the first after 5 s of silence, then every 2 s,
+# the connection dropped after 3 unanswered) and a 10 s limit on sent data left unacknowledged. A server whose
+# machine left the network would otherwise hold its connection, and with it the database's advisory lock, until
+# the operating system's defaults (hours for an idle connection, a quarter of an hour for unanswered data) ran
+# out; and it would not notice a database that did the same.
 _KEEPALIVES: dict[str, Any] = {
     "keepalives": 1,
     "keepalives_idle": 5,
     "keepalives_interval": 2,
     "keepalives_count": 3,
-    "options": "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3",
+    "tcp_user_timeout": 10_000,
+    "options": "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3"
+    " -c tcp_user_timeout=10000",
 }
 
 
