@@ -112,6 +112,31 @@ def test_a_serving_server_whose_connection_ends_stops_serving_without_a_request(
         assert again.text == batch
 
 
+def test_a_standby_forwards_the_api_key_and_the_answer_as_they_are(
+    server_process: Callable[..., Any], curriculum_file: Path, postgresql_cluster: PostgreSQLCluster
+) -> None:
+    database = postgresql_cluster.new_database()
+    args = [str(curriculum_file), "--state", database, "--grader-workers", "1"]
+    env = {"PROCTOR_API_KEY": "s3cret"}
+    serving, standby = (server_process(args, env=env) for _ in range(2))
+    key = {"Authorization": "Bearer s3cret"}
+    refused = httpx.post(standby.url + "/sample", json={"iteration": 0, "batch_size": 2})
+    assert refused.status_code == 401, refused.text  # by the standby itself, before anything is forwarded
+    wrong = httpx.post(standby.url + "/sample", json={"iteration": 0, "batch_size": 2}, headers={"Authorization": "x"})
+    assert wrong.status_code == 401
+    forwarded = httpx.post(standby.url + "/sample", json={"iteration": 0, "batch_size": 2}, headers=key)
+    direct = httpx.post(serving.url + "/sample", json={"iteration": 0, "batch_size": 2}, headers=key)
+    assert (forwarded.status_code, forwarded.text) == (direct.status_code, direct.text)
+    assert forwarded.headers["content-type"] == direct.headers["content-type"]
+    # An error answer comes back as the serving server gave it, status and detail.
+    conflict = httpx.post(standby.url + "/sample", json={"iteration": 0, "batch_size": 4}, headers=key)
+    assert conflict.status_code == 409
+    assert conflict.json()["detail"].startswith("iteration 0 was sampled with batch_size 2")
+    # The live page too, a static file.
+    page = httpx.get(standby.url + "/")
+    assert page.status_code == 200 and page.text == httpx.get(serving.url + "/").text
+
+
 def test_a_replica_of_another_curriculum_is_refused(
     server_process: Callable[..., Any], curriculum_file: Path, postgresql_cluster: PostgreSQLCluster
 ) -> None:
