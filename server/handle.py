@@ -36,6 +36,7 @@ __all__ = ["DataserverHandle"]
 log = logging.getLogger("proctor")
 
 _SAY_EVERY_S = 60.0
+_STARTING = "the dataserver is starting"
 # A forwarded request waits for its answer as long as the serving server takes (a /grade waits for its
 # graders); connecting to it is quick or the server is gone.
 _FORWARD_TIMEOUT = httpx.Timeout(None, connect=2.0)
@@ -56,7 +57,7 @@ class DataserverHandle:
         self._open = open_server
         self._retry_s = retry_s
         self._standby = standby
-        self._failure: str | None = "the dataserver is starting"
+        self._failure: str | None = _STARTING
         self._serving_url: str | None = None  # the serving server's, while this one stands by
         self._acquiring: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -84,7 +85,7 @@ class DataserverHandle:
     def get(self) -> Dataserver:
         """The serving dataserver; a 503 while there is none (starting, standing by, or opening again)."""
         if self._server is None:
-            raise UnavailableError(self._failure or "the dataserver is starting")
+            raise UnavailableError(self._failure or _STARTING)
         return self._server
 
     @property
@@ -170,7 +171,8 @@ class DataserverHandle:
                             with contextlib.suppress(Exception):
                                 watch.close()
                             watch = None
-                        self._failure = f"the state database does not answer ({exc}); reconnecting"
+                        if self._failure in (None, _STARTING):  # a failure's own message says more
+                            self._failure = f"the state database does not answer ({exc}); reconnecting"
                 if free:
                     try:
                         server = await self._open()
