@@ -57,6 +57,7 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
             lambda: Dataserver.open(cur, settings, metrics),
             retry_s=_REOPEN_EVERY_S,
             standby=standby if is_postgresql(path) else None,
+            metrics=metrics,
         )
         # Everything allocated so far lives as long as the server: keep it out of the collector's full
         # passes, which otherwise walk it on every gen-2 collection and show up as latency spikes.
@@ -75,7 +76,7 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
             settings.grader_workers,
         )
         try:
-            yield {"dataserver": handle}
+            yield {"dataserver": handle, "metrics": metrics}
         finally:
             await handle.close()
             log.info("stopped: grader processes ended, state %s closed", state)

@@ -13,8 +13,9 @@ from starlette.requests import ClientDisconnect
 from proctor.server.dataserver import Dataserver
 from proctor.server.exceptions import RequestError
 from proctor.server.handle import DataserverHandle
+from proctor.server.metrics import Metrics
 
-__all__ = ["DataserverDep", "json_body"]
+__all__ = ["DataserverDep", "MetricsDep", "json_body"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -27,6 +28,14 @@ async def get_dataserver(request: Request) -> Dataserver:
 
 
 DataserverDep = Annotated[Dataserver, Depends(get_dataserver)]
+
+
+async def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.state.metrics
+    return metrics
+
+
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
 def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:

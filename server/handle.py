@@ -29,6 +29,7 @@ import httpx
 
 from proctor.server.dataserver import Dataserver
 from proctor.server.exceptions import UnavailableError
+from proctor.server.metrics import Metrics
 from proctor.server.store import Standby, StateInUseError, StateMismatchError
 
 __all__ = ["DataserverHandle"]
@@ -52,7 +53,9 @@ class DataserverHandle:
         *,
         retry_s: float,
         standby: Callable[[], Standby] | None,
+        metrics: Metrics | None = None,
     ) -> None:
+        self._metrics = metrics
         self._server: Dataserver | None = None
         self._open = open_server
         self._retry_s = retry_s
@@ -70,9 +73,11 @@ class DataserverHandle:
         *,
         retry_s: float,
         standby: Callable[[], Standby] | None = None,
+        metrics: Metrics | None = None,
     ) -> DataserverHandle:
-        """Open the dataserver; with ``standby``, stand by instead while another server holds the database."""
-        handle = cls(open_server, retry_s=retry_s, standby=standby)
+        """Open the dataserver; with ``standby``, stand by instead while another server holds the database.
+        ``metrics``' ``proctor_serving`` follows which it does."""
+        handle = cls(open_server, retry_s=retry_s, standby=standby, metrics=metrics)
         try:
             handle._serve(await open_server())
         except StateInUseError:
@@ -122,6 +127,8 @@ class DataserverHandle:
             await self._forwarder.aclose()
 
     def _serve(self, server: Dataserver) -> None:
+        if self._metrics is not None:
+            self._metrics.serving.set(1)
         self._server = server
         self._failure = None
         self._serving_url = None
@@ -135,6 +142,8 @@ class DataserverHandle:
             return
         self._failure = server.ctx.storage.failure
         self._server = None
+        if self._metrics is not None:
+            self._metrics.serving.set(0)
         self._acquiring = asyncio.create_task(self._acquire(server))
 
     async def _acquire(self, failed: Dataserver | None) -> None:

@@ -94,6 +94,12 @@ class Metrics:
         )
         self.last_iteration = Gauge("proctor_last_iteration", "Highest iteration sampled so far.", registry=r)
         self.transitions = Counter("proctor_stage_transitions", "Stage transitions recorded.", registry=r)
+        self.serving = Gauge(
+            "proctor_serving",
+            "1 while this process serves its state; 0 while it stands by for another server of its database, or "
+            "opens its state again.",
+            registry=r,
+        )
 
     def publish_stage(self, curriculum: Curriculum, current: int) -> None:
         """The current stage, after a transition or a restart."""

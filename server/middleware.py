@@ -226,6 +226,7 @@ class RequestMetricsMiddleware:
 
 
 FORWARDED_HEADER = b"x-proctor-forwarded"
+_LOCAL = frozenset({"/metrics"})  # a standby's own answer: its metrics say it stands by
 # Headers that describe one connection, not the request: the forwarded request and answer get their own.
 _HOP_BY_HOP = frozenset(
     {
@@ -243,8 +244,9 @@ _HOP_BY_HOP = frozenset(
 
 
 class ForwardingMiddleware:
-    """On a standby (:mod:`proctor.server.handle`), every request goes to the server that serves the database,
-    as it came (method, path, query, headers with the API key, body), and its answer comes back as it went.
+    """On a standby (:mod:`proctor.server.handle`), every request but ``/metrics`` goes to the server that serves
+    the database, as it came (method, path, query, headers with the API key, body), and its answer comes back
+    as it went.
 
     A request that a standby forwarded and that reaches another standby is not forwarded again: it gets a 503,
     as does one whose serving server does not answer (it ended; a standby takes over within seconds). Clients
@@ -256,7 +258,7 @@ class ForwardingMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         handle: DataserverHandle | None = scope.get("state", {}).get("dataserver") if scope["type"] == "http" else None
         target = None if handle is None else handle.forward_target()
-        if handle is None or target is None:
+        if handle is None or target is None or scope["path"] in _LOCAL:
             await self.app(scope, receive, send)
             return
         if _header(scope, FORWARDED_HEADER) is not None:

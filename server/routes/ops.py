@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from proctor.server.deps import DataserverDep
+from proctor.server.deps import DataserverDep, MetricsDep
 from proctor.server.errors import error_responses
 from proctor.server.protocol import Health
 
@@ -25,6 +25,7 @@ async def read_health(server: DataserverDep) -> Health:
 
 
 @metrics_router.get("/metrics", response_class=Response)
-async def read_metrics(server: DataserverDep) -> Response:
-    """Prometheus text exposition of this server's metrics."""
-    return Response(generate_latest(server.ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+async def read_metrics(metrics: MetricsDep) -> Response:
+    """Prometheus text exposition of this process's metrics: a standby's are its own (``proctor_serving`` 0), and
+    they answer while the state is opened again."""
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -36,6 +36,12 @@ def until_served(call: Callable[[], httpx.Response], seconds: float = 60.0) -> h
         time.sleep(0.1)
 
 
+def serving(url: str) -> float:
+    """The process's ``proctor_serving`` gauge."""
+    [line] = [x for x in httpx.get(url + "/metrics", timeout=30).text.splitlines() if x.startswith("proctor_serving ")]
+    return float(line.split()[1])
+
+
 def graded(url: str) -> int:
     stages = httpx.get(url + "/curriculum", timeout=30).json()["stages"]
     return sum(s["graded"] + s["errors"] for s in stages)
@@ -69,6 +75,8 @@ def test_replicas_answer_alike_and_a_standby_takes_over_from_a_killed_server(
     assert {graded(u) for u in urls} == {len(items)}
     views = {httpx.get(u + "/curriculum", timeout=30).text for u in urls}
     assert len(views) == 1
+    # Each process's metrics are its own: which one serves.
+    assert [serving(u) for u in urls] == [1.0, 0.0, 0.0]
 
     first.kill()
     # A standby takes over: it serves the run the killed one left, from the database.
@@ -83,6 +91,7 @@ def test_replicas_answer_alike_and_a_standby_takes_over_from_a_killed_server(
     logs = [(tmp_path / f"server-{n}.log").read_text() for n in (1, 2)]
     # Exactly one of the two serves now; the other stands by for it.
     assert sorted("took over serving" in log for log in logs) == [False, True], logs
+    assert sorted(serving(u) for u in urls[1:]) == [0.0, 1.0]
 
 
 def test_a_serving_server_whose_connection_ends_stops_serving_without_a_request(

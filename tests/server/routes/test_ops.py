@@ -39,6 +39,7 @@ async def test_metrics_exposition(client: httpx.AsyncClient) -> None:
         'proctor_stage_active{stage="warm"} 1.0',
         'proctor_stage_active{stage="main"} 0.0',
         "proctor_last_iteration 0.0",
+        "proctor_serving 1.0",
         "# TYPE proctor_request_duration_seconds histogram",
         "# TYPE proctor_reward histogram",
     ):
