@@ -205,8 +205,9 @@ class RequestMetricsMiddleware:
             iteration = scope.get("state", {}).get("iteration")
             latency_ms = round(elapsed * 1000, 2)
             # A health check or a scrape every few seconds would bury the requests that matter: a probe that
-            # succeeds is logged at DEBUG (its count and latency are in the metrics either way).
-            probe = label in _PROBES and status < 400
+            # succeeds is logged at DEBUG (its count and latency are in the metrics either way), as is a request
+            # its route marked quiet (a dispatch that found nothing).
+            probe = (label in _PROBES or scope.get("state", {}).get("quiet", False)) and status < 400
             access_log.log(
                 logging.DEBUG if probe else logging.INFO,
                 "%s %s %d %.1fms%s",

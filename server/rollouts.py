@@ -325,16 +325,16 @@ class Rollouts:
                 part = Collected(col.GRADER.name, info.iteration, tuple(rows[start : start + _RECOVER_ROWS]))
                 await self._counted(await x.call(_record, x.store, x.state, part, {}, self._stage_of))
 
-    async def when_ready(self, wait_s: float, dispatch: Callable[[], Awaitable[tuple[bool, T]]]) -> T:
+    async def when_ready(self, wait_s: float, dispatch: Callable[[], Awaitable[tuple[bool, T]]]) -> tuple[bool, T]:
         """``dispatch()`` (which says whether it found no row, and its answer) again until it finds rows or
-        ``wait_s`` passed: a long poll, woken by the writes that make rows ready."""
+        ``wait_s`` passed: a long poll, woken by the writes that make rows ready. Its last outcome."""
         deadline = time.monotonic() + wait_s
         while True:
             since = self.written.version
             empty, answer = await dispatch()
             left = deadline - time.monotonic()
             if not empty or left <= 0:
-                return answer
+                return empty, answer
             await self.written.wait(since, min(left, _READY_LOOK_S))
 
     async def when_written(self, table: int, wait_s: float, read: Callable[[], Awaitable[T]]) -> T:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
 
 from proctor.experience import ExperienceStore
 from proctor.experience import wire as dw
@@ -149,13 +149,17 @@ async def dispatch(
     name: NamePath,
     body: Annotated[dw.DispatchRequest, Depends(json_body(dw.DispatchRequest))],
     server: DataserverDep,
+    request: Request,
 ) -> Response:
     """Claim rows ready for the consumer under a lease (empty, with ``lease: null``, when none is ready, at once
     or after ``wait_s`` without one)."""
     x = server.experience
     if body.wait_s > 0:
-        return await server.rollouts.when_ready(body.wait_s, lambda: x.call(_dispatch, x.store, name, body))
-    _, answer = await x.call(_dispatch, x.store, name, body)
+        empty, answer = await server.rollouts.when_ready(body.wait_s, lambda: x.call(_dispatch, x.store, name, body))
+    else:
+        empty, answer = await x.call(_dispatch, x.store, name, body)
+    # An idle worker's dispatches, one every few seconds, would bury the requests that matter in the log.
+    request.state.quiet = empty
     return answer
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -50,6 +52,26 @@ def test_configure_picks_the_format(restore_logging: None) -> None:
     configure_logging("info", "text")
     [handler] = logging.getLogger().handlers
     assert not isinstance(handler.formatter, JsonFormatter)
+
+
+async def test_a_dispatch_that_found_nothing_stays_out_of_the_info_log(
+    open_client: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="proctor.access")
+    async with open_client(grader_workers=0) as c:
+        path = "/experience/consumers/grader/dispatch"
+        assert (await c.post(path, json={"count": 4})).json()["lease"] is None
+        batch = (await c.post("/sample", json={"iteration": 0, "batch_size": 1})).json()
+        item = {"sample_id": batch["samples"][0]["sample_id"], "slot": 0, "completion": "7"}
+        graded = asyncio.ensure_future(c.post("/grade", json={"iteration": 0, "items": [item]}))
+        found = (await c.post(path, json={"count": 4, "wait_s": 30})).json()
+        assert found["lease"] is not None
+        graded.cancel()  # its completion was leased, and is not graded here: that is not what this test is about
+        with contextlib.suppress(asyncio.CancelledError):
+            await graded
+    lines = [(" ".join(r.getMessage().split()[:3]), r.levelname) for r in caplog.records if r.name == "proctor.access"]
+    assert lines[0] == (f"POST {path} 200", "DEBUG")  # an idle worker's ask, every few seconds
+    assert (f"POST {path} 200", "INFO") in lines  # one that took rows
 
 
 async def test_one_access_line_per_request(open_client: Callable[..., Any], caplog: pytest.LogCaptureFixture) -> None:
