@@ -50,9 +50,10 @@ def nginx_config(upstreams: Sequence[str], listen: str) -> str:
 """
 
 
-def nginx_main(http: str) -> str:
-    """A whole nginx configuration around an ``http`` block (:func:`nginx_config`), errors to stderr."""
-    return f"worker_processes 1;\nerror_log stderr warn;\nevents {{}}\n{http}"
+def nginx_main(http: str, *, error_log: str = "stderr", head: str = "") -> str:
+    """A whole nginx configuration around an ``http`` block (:func:`nginx_config`); ``head``, more main
+    directives."""
+    return f"{head}worker_processes 1;\nerror_log {error_log} warn;\nevents {{}}\n{http}"
 
 
 @contextmanager
@@ -71,7 +72,7 @@ def balancer(upstreams: Sequence[str]) -> Iterator[str]:
         http = nginx_config(upstreams, f"127.0.0.1:{port}").replace("http {\n", "http {\n" + temp + "\n", 1)
         user = "user root;\n" if os.geteuid() == 0 else ""
         (folder / "nginx.conf").write_text(
-            f"{user}worker_processes 1;\npid {folder / 'nginx.pid'};\nerror_log {log} warn;\nevents {{}}\n{http}"
+            nginx_main(http, error_log=str(log), head=f"{user}pid {folder / 'nginx.pid'};\n")
         )
         proc = subprocess.Popen(
             [nginx, "-p", str(folder), "-c", str(folder / "nginx.conf"), "-g", "daemon off;"],

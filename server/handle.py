@@ -146,6 +146,32 @@ class DataserverHandle:
             self._metrics.serving.set(0)
         self._acquiring = asyncio.create_task(self._acquire(server))
 
+    async def _look(self, standby: Callable[[], Standby], watch: Standby | None) -> tuple[bool, Standby | None]:
+        """Whether the database's lock is free, through ``watch`` (a new one when None or broken), and the watch
+        to look through next time; meanwhile, who serves. A database of another curriculum stops this process
+        (and raises :class:`StateMismatchError`)."""
+        try:
+            if watch is None:
+                watch = await asyncio.to_thread(standby)
+            holder = await asyncio.to_thread(watch.poll)
+        except StateMismatchError as exc:
+            # A server of another curriculum took the database first: this one must not serve it.
+            log.critical("%s", exc)
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise
+        except Exception as exc:  # the database does not answer (StateUnreachableError, or its own)
+            if watch is not None:
+                with contextlib.suppress(Exception):
+                    watch.close()
+            if self._failure in (None, _STARTING):  # a failure's own message says more
+                self._failure = f"the state database does not answer ({exc}); reconnecting"
+            return False, None
+        if not holder.free:
+            if self._failure is not None or holder.serving_url != self._serving_url:
+                log.info("standing by: %s serves the database", holder.serving_url or "a server")
+            self._serving_url, self._failure = holder.serving_url, None
+        return holder.free, watch
+
     async def _acquire(self, failed: Dataserver | None) -> None:
         """Open the dataserver again once the database answers and its lock is free; meanwhile, stand by
         while another server holds it."""
@@ -160,28 +186,7 @@ class DataserverHandle:
             while True:
                 free = True
                 if self._standby is not None:
-                    try:
-                        if watch is None:
-                            watch = await asyncio.to_thread(self._standby)
-                        holder = await asyncio.to_thread(watch.poll)
-                        free = holder.free
-                        if not free:
-                            if self._failure is not None or holder.serving_url != self._serving_url:
-                                log.info("standing by: %s serves the database", holder.serving_url or "a server")
-                            self._serving_url, self._failure = holder.serving_url, None
-                    except StateMismatchError as exc:
-                        # A server of another curriculum took the database first: this one must not serve it.
-                        log.critical("%s", exc)
-                        os.kill(os.getpid(), signal.SIGTERM)
-                        return
-                    except Exception as exc:  # the database does not answer (StateUnreachableError, or its own)
-                        free = False
-                        if watch is not None:
-                            with contextlib.suppress(Exception):
-                                watch.close()
-                            watch = None
-                        if self._failure in (None, _STARTING):  # a failure's own message says more
-                            self._failure = f"the state database does not answer ({exc}); reconnecting"
+                    free, watch = await self._look(self._standby, watch)
                 if free:
                     try:
                         server = await self._open()
@@ -200,6 +205,8 @@ class DataserverHandle:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._retry_s)
+        except StateMismatchError:
+            return  # the process is stopping
         finally:
             if watch is not None:
                 with contextlib.suppress(Exception):

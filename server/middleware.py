@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from proctor.server.handle import DataserverHandle
 
 __all__ = [
-    "FORWARDED_HEADER",
     "ApiKeyMiddleware",
     "BodyLimitMiddleware",
     "ForwardingMiddleware",
@@ -226,7 +225,7 @@ class RequestMetricsMiddleware:
             )
 
 
-FORWARDED_HEADER = b"x-proctor-forwarded"
+_FORWARDED = b"x-proctor-forwarded"
 _LOCAL = frozenset({"/metrics"})  # a standby's own answer: its metrics say it stands by
 # Headers that describe one connection, not the request: the forwarded request and answer get their own.
 _HOP_BY_HOP = frozenset(
@@ -262,7 +261,7 @@ class ForwardingMiddleware:
         if handle is None or target is None or scope["path"] in _LOCAL:
             await self.app(scope, receive, send)
             return
-        if _header(scope, FORWARDED_HEADER) is not None:
+        if _header(scope, _FORWARDED) is not None:
             await _unavailable(send, "this server stands by and so does the one that forwarded the request; retry")
             return
         body = bytearray()
@@ -276,7 +275,7 @@ class ForwardingMiddleware:
         path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
         url = target.rstrip("/") + path.decode("latin-1") + (("?" + query.decode("latin-1")) if query else "")
-        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP_BY_HOP] + [(FORWARDED_HEADER, b"1")]
+        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP_BY_HOP] + [(_FORWARDED, b"1")]
         client = handle.forwarder
         try:
             answer = await client.send(

@@ -125,9 +125,11 @@ class AsyncStore:
             thread.shutdown()
             raise
         wrapper = cls(store, thread)
-        wrapper._checkpoints = asyncio.create_task(wrapper._checkpoint_forever())
+        # A state file's WAL is kept short; a PostgreSQL database has no WAL of ours, and is asked after instead.
         if wrapper.reopens:
             wrapper._watch = asyncio.create_task(wrapper._watch_forever())
+        else:
+            wrapper._checkpoints = asyncio.create_task(wrapper._checkpoint_forever())
         return wrapper
 
     @property
