@@ -82,6 +82,7 @@ demo: $(VENV)/.train-installed
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check server client curricula cli batching experience tests bench
 	$(BIN)/ruff format --check server client curricula cli batching experience tests bench
+	$(BIN)/lint-imports --no-cache
 
 format: $(VENV)/.dev-installed
 	$(BIN)/ruff format server client curricula cli batching experience tests bench

@@ -171,7 +171,7 @@ def _measure(seconds: float, env: dict[str, str] | None, module: str, grader: Gr
             prefix = f"{source['name']}:{source['version']}:"
             answers = {f"{prefix}{k}": r["answer"] for k, r in enumerate(records)}
             rows, plain, bare = asyncio.run(_run("127.0.0.1", server.port, seconds, answers))
-    # Untimed first: the old grader imports math_verify and sympy on its first call.
+    # Untimed first: the baseline grader imports math_verify and sympy on its first call.
     time_grader(grader, bare[:BARE_WARM_UP], math_grader.SECONDS)
     verdicts, elapsed = time_grader(grader, bare, math_grader.SECONDS)
     return rows, plain.per_second * GRADE_ITEMS, len(verdicts) / elapsed

@@ -15,8 +15,8 @@ from proctor.server.curriculum.engine import StageSchedule
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.curriculum.mixing import Mixer, stage_runs
 from proctor.server.exceptions import ProctorError
-from proctor.server.history import adopt_history, read_history
 from proctor.server.logs import configure_logging
+from proctor.server.services.history import adopt_history, read_history
 from proctor.server.settings import load_settings
 from proctor.server.store import Standby, StateInUseError, StateUnreachableError, Store, redacted
 

@@ -18,10 +18,11 @@ import httpx
 from proctor.client.errors import NotReadyError, ServerFailure, TransportError
 from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
-from proctor.server.grading.pool import GraderPool, default_workers
+from proctor.server.grade_worker import GradeWorker, source_graders
+from proctor.server.grading.pool import GraderPool
 from proctor.server.grading.registry import SourceGraders
-from proctor.server.grading.worker import GradeWorker, source_graders
 from proctor.server.logs import configure_logging
+from proctor.server.settings import default_workers
 
 __all__ = ["grade_worker"]
 

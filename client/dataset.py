@@ -34,7 +34,7 @@ from proctor.server.protocol import Sample
 __all__ = ["GenerationLayout", "RemoteRLDataset"]
 
 
-# Generation steps remote_reward prefetches while a step is graded (StepFetcher.prefetch_after).
+# Generation steps remote_reward prefetches while a step is graded (_StepFetcher.prefetch_after).
 PREFETCH_DEPTH = 2
 
 
@@ -98,7 +98,7 @@ class GenerationLayout:
         )
 
 
-class StepFetcher:
+class _StepFetcher:
     """Fetches generation steps from the server, one ``/sample`` per step, with a bounded cache and a
     background prefetch of the next step. Also the dataset's format transform (``__call__``)."""
 
@@ -276,7 +276,7 @@ class RemoteRLDataset(datasets.Dataset):
         self.meta = client.meta()
         if chat is None:
             chat = bool(getattr(processing_class, "chat_template", None))
-        self.fetcher = StepFetcher(
+        self.fetcher = _StepFetcher(
             client, layout, self.meta.total_iterations, chat=chat, prefetch=prefetch, cache_steps=cache_steps
         )
         n = self.meta.total_iterations * layout.prompts_per_generation

@@ -25,6 +25,7 @@ __all__ = [
     "ServerFailure",
     "TransportError",
     "Unauthorized",
+    "error_for",
 ]
 
 

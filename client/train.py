@@ -43,7 +43,7 @@ __all__ = ["StepReporter", "build_parser", "config_from_args", "main", "quiet_li
 TINY = "tiny"
 
 
-def positive(unit: str) -> Callable[[str], int]:
+def _positive(unit: str) -> Callable[[str], int]:
     """An argparse ``type=`` for a count of ``unit`` that must be at least 1; argparse names the flag."""
 
     def parse(text: str) -> int:
@@ -86,37 +86,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--per-device-train-batch-size",
-        type=positive("rows"),
+        type=_positive("rows"),
         default=8,
         help="completions per device and micro-step (default 8)",
     )
     p.add_argument(
         "--num-generations",
-        type=positive("completions per prompt"),
+        type=_positive("completions per prompt"),
         default=4,
         help="completions per prompt, G (default 4)",
     )
     p.add_argument(
         "--gradient-accumulation-steps",
-        type=positive("micro-steps per optimizer step"),
+        type=_positive("micro-steps per optimizer step"),
         default=1,
         help="micro-steps per optimizer step (default 1)",
     )
     p.add_argument(
         "--steps-per-generation",
-        type=positive("micro-steps per generation"),
+        type=_positive("micro-steps per generation"),
         default=None,
         help="micro-steps one generation feeds (default: derived so every rollout pass cuts whole micro-batches)",
     )
     p.add_argument(
         "--max-steps",
-        type=positive("optimizer steps"),
+        type=_positive("optimizer steps"),
         default=None,
         help="optimizer steps (default: the whole curriculum)",
     )
     p.add_argument(
         "--max-completion-length",
-        type=positive("tokens"),
+        type=_positive("tokens"),
         default=32,
         help="tokens per completion, at most (default 32)",
     )
@@ -153,28 +153,28 @@ def build_parser() -> argparse.ArgumentParser:
     batching.add_argument(
         "--rollout-micro-batch-size",
         metavar="ROWS",
-        type=positive("rows per generate call"),
+        type=_positive("rows per generate call"),
         default=None,
         help="rows ((prompt, completion) pairs) per generate call (default: the whole local generation batch)",
     )
     batching.add_argument(
         "--ref-logps-micro-batch-size",
         metavar="ROWS",
-        type=positive("rows per reference forward"),
+        type=_positive("rows per reference forward"),
         default=None,
         help="rows per reference log-prob forward (default: --per-device-train-batch-size)",
     )
     batching.add_argument(
         "--old-logps-micro-batch-size",
         metavar="ROWS",
-        type=positive("rows per old-policy forward"),
+        type=_positive("rows per old-policy forward"),
         default=None,
         help="rows per old-policy log-prob forward (default: --per-device-train-batch-size)",
     )
     batching.add_argument(
         "--max-tokens-per-microbatch-in-infer",
         metavar="TOKENS",
-        type=positive("tokens per micro-batch"),
+        type=_positive("tokens per micro-batch"),
         default=None,
         help="pack the reference and old-policy log-prob passes by this token budget instead of by rows "
         "(default: by rows)",
@@ -182,14 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     batching.add_argument(
         "--sequence-length-round-in-infer",
         metavar="TOKENS",
-        type=positive("tokens"),
+        type=_positive("tokens"),
         default=1,
         help="pad each packed log-prob micro-batch's length to a multiple of this many tokens (default 1)",
     )
     batching.add_argument(
         "--max-tokens-per-microbatch-in-train",
         metavar="TOKENS",
-        type=positive("tokens per micro-batch"),
+        type=_positive("tokens per micro-batch"),
         default=None,
         help="run the training forward+backward per micro-batch packed to this token budget "
         "(default: one pass per micro-step)",
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     batching.add_argument(
         "--sequence-length-round-in-train",
         metavar="TOKENS",
-        type=positive("tokens"),
+        type=_positive("tokens"),
         default=1,
         help="pad each packed training micro-batch's length to a multiple of this many tokens (default 1)",
     )

@@ -7,38 +7,42 @@ writes of the state file and the experience store, which shares its file (the st
 few milliseconds (:mod:`proctor.server.pacing`); a request's inline store calls do not, and are bounded by its
 item limit instead (a statement per few hundred keys).
 
-The grader processes are the experience store's grader role (:mod:`proctor.server.grading.role`); with
+The grader processes are the experience store's grader role (:mod:`proctor.server.services.grader_role`); with
 ``PROCTOR_GRADER_WORKERS=0`` there are none, and remote ``proctor grade-worker`` processes take the role.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
 
 from proctor.experience.columns import GRADER
 from proctor.server import protocol as wire
-from proctor.server import views
-from proctor.server.context import ServingContext
-from proctor.server.curriculum.adaptive import finite_sizes
+from proctor.server.curriculum.adaptive import finite_sizes, item_tracking
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.curriculum.samplers import SamplerState
 from proctor.server.curriculum.statistics import window_size
 from proctor.server.curriculum.timeline import RECENT_ERRORS, TIMELINE_ITERATIONS
 from proctor.server.exceptions import NotFoundError
-from proctor.server.experience import AsyncExperienceStore
 from proctor.server.grading.fanout import GraderFanout
-from proctor.server.grading.ledger import GradeLedger
 from proctor.server.grading.pool import GraderPool
-from proctor.server.grading.role import GraderRole
-from proctor.server.grading.service import GradingService
 from proctor.server.metrics import Metrics
-from proctor.server.rollouts import Rollouts
-from proctor.server.sampling import SamplingService
+from proctor.server.services import views
+from proctor.server.services.context import ServingContext
+from proctor.server.services.experience import AsyncExperienceStore
+from proctor.server.services.grader_role import GraderRole
+from proctor.server.services.grading import GradingService
+from proctor.server.services.history import adopt_history, read_history
+from proctor.server.services.ledger import GradeLedger
+from proctor.server.services.rollouts import Rollouts
+from proctor.server.services.sampling import SamplingService
 from proctor.server.settings import Settings
 from proctor.server.sources.base import SampleId
+from proctor.server.state.rows import StageTotals
 from proctor.server.storage import AsyncStore
-from proctor.server.store import StageTotals
+from proctor.server.store import Store
 
 __all__ = ["Dataserver"]
 
@@ -65,7 +69,21 @@ class Dataserver:
     @classmethod
     async def open(cls, curriculum: Curriculum, settings: Settings, metrics: Metrics) -> Dataserver:
         """Open (or create) the state file, restore the curriculum's progress from it, start the graders."""
-        storage = await AsyncStore.open(settings, curriculum)
+        adopt: Callable[[Store], None] | None = None
+        if settings.transitions is not None:
+            history, source = read_history(settings.transitions, curriculum), str(settings.transitions)
+
+            def adopt(store: Store) -> None:
+                adopt_history(store, history, source=source)
+
+        storage = await AsyncStore.open(
+            settings,
+            curriculum=curriculum.name,
+            curriculum_hash=curriculum.hash,
+            seed=curriculum.seed,
+            tracking=item_tracking(curriculum),
+            adopt=adopt,
+        )
         experience: AsyncExperienceStore | None = None
         try:
             if storage.reopens:  # a PostgreSQL database, which other servers may stand by for
@@ -82,7 +100,7 @@ class Dataserver:
                 await experience.close()
             await storage.close()
             raise
-        metrics.publish_stage(curriculum, progress.schedule.current)
+        metrics.publish_stage(curriculum.stage_names, progress.schedule.current)
         if progress.last_iteration is not None:
             metrics.last_iteration.set(progress.last_iteration)
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False)

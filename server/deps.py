@@ -22,20 +22,20 @@ M = TypeVar("M", bound=BaseModel)
 
 # async, although they do not await: FastAPI runs plain `def` dependencies in a worker thread, which would
 # cost three thread hops on every request.
-async def get_dataserver(request: Request) -> Dataserver:
+async def _dataserver(request: Request) -> Dataserver:
     handle: DataserverHandle = request.state.dataserver
     return handle.get()
 
 
-DataserverDep = Annotated[Dataserver, Depends(get_dataserver)]
+DataserverDep = Annotated[Dataserver, Depends(_dataserver)]
 
 
-async def get_metrics(request: Request) -> Metrics:
+async def _metrics(request: Request) -> Metrics:
     metrics: Metrics = request.state.metrics
     return metrics
 
 
-MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+MetricsDep = Annotated[Metrics, Depends(_metrics)]
 
 
 def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:

@@ -18,6 +18,7 @@ from proctor.server.exceptions import RequestError
 __all__ = [
     "ErrorBody",
     "ValidationErrorBody",
+    "ValidationIssue",
     "error_responses",
     "install_error_handlers",
 ]

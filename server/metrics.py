@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from proctor.server.curriculum.loader import Curriculum
-    from proctor.server.curriculum.statistics import CurriculumStatistics
-    from proctor.server.store import GradeRow
+    from proctor.server.state.rows import GradeRow
 
 __all__ = ["Metrics"]
 
@@ -101,24 +99,25 @@ class Metrics:
             registry=r,
         )
 
-    def publish_stage(self, curriculum: Curriculum, current: int) -> None:
-        """The current stage, after a transition or a restart."""
+    def publish_stage(self, stages: Sequence[str], current: int) -> None:
+        """The current stage (an index into the curriculum's ``stages``, by name), after a transition or a
+        restart."""
         self.current_stage.set(current)
-        for s in curriculum.stages:
-            self.stage_active.labels(s.name).set(1 if s.index == current else 0)
+        for index, name in enumerate(stages):
+            self.stage_active.labels(name).set(1 if index == current else 0)
 
     def count_grades(
-        self, curriculum: Curriculum, statistics: CurriculumStatistics, rows: Iterable[GradeRow], touched: set[int]
+        self, stages: Sequence[str], rows: Iterable[GradeRow], rolling: Mapping[int, float | None]
     ) -> None:
-        """Newly stored error-free grades, and the rolling rewards of the stages they moved."""
+        """Newly stored error-free grades, and the rolling rewards of the stages they moved (by stage index;
+        None while a stage has none)."""
         per_source: dict[tuple[int, str], int] = {}
         for row in rows:
             if row.error is None:
                 per_source[row.stage, row.source] = per_source.get((row.stage, row.source), 0) + 1
-                self.reward.labels(curriculum.stages[row.stage].name).observe(row.reward)
+                self.reward.labels(stages[row.stage]).observe(row.reward)
         for (stage, source), n in per_source.items():
-            self.grades.labels(curriculum.stages[stage].name, source).inc(n)
-        for stage in touched:
-            rolling = statistics.stages[stage].rolling
-            if rolling is not None:
-                self.rolling_reward.labels(curriculum.stages[stage].name).set(rolling)
+            self.grades.labels(stages[stage], source).inc(n)
+        for stage, reward in rolling.items():
+            if reward is not None:
+                self.rolling_reward.labels(stages[stage]).set(reward)

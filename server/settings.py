@@ -16,10 +16,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proctor.curricula import builtin_path
 from proctor.server.exceptions import ProctorError
-from proctor.server.grading.pool import default_workers
 from proctor.server.protocol import MAX_ITERATION
 
-__all__ = ["Settings", "SettingsError", "load_settings"]
+__all__ = ["Settings", "SettingsError", "default_workers", "load_settings"]
+
+
+def default_workers() -> int:
+    """One grader process per core the server may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 class SettingsError(ProctorError, ValueError):

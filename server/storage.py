@@ -2,7 +2,7 @@
 new iterations in groups, keeps the WAL short, and stops the server from serving once a write has failed.
 
 Where calls run. Every write runs on the store's one thread, in order: the experience store's
-(:class:`~proctor.server.experience.AsyncExperienceStore`) too, on the same connection, so that a call can make
+(:class:`~proctor.server.services.experience.AsyncExperienceStore`) too, on the same connection, so that a call can make
 both in one transaction (a grade, its record's statistics and the store's cells). A request's look-ups
 (indexed reads, tens of microseconds) run inline on the event loop, through a connection of their own that
 reads the last commit, so they never wait for a write; an in-memory state file has one connection only, and
@@ -22,21 +22,11 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 from proctor.experience.database import error_line
-from proctor.server.curriculum.adaptive import item_tracking
-from proctor.server.curriculum.engine import TransitionRecord
-from proctor.server.curriculum.items import GroupState, ItemState
-from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import UnavailableError
-from proctor.server.history import adopt_history, read_history
 from proctor.server.settings import Settings
-from proctor.server.store import (
-    GradeKey,
-    GradeRow,
-    IterationRow,
-    IterationTotals,
-    StageTotals,
-    Store,
-)
+from proctor.server.state.items import GroupState, ItemState, ItemTracking
+from proctor.server.state.rows import GradeKey, GradeRow, IterationRow, IterationTotals, StageTotals, TransitionRecord
+from proctor.server.store import Store
 
 __all__ = ["AsyncStore", "IterationsJoiner", "StoredProgress"]
 
@@ -104,22 +94,30 @@ class AsyncStore:
         self._joiner = joiner
 
     @classmethod
-    async def open(cls, settings: Settings, curriculum: Curriculum) -> AsyncStore:
-        """Open (or create) the state file for ``curriculum``, adopting ``settings.transitions`` if given."""
+    async def open(
+        cls,
+        settings: Settings,
+        *,
+        curriculum: str,
+        curriculum_hash: str,
+        seed: int,
+        tracking: ItemTracking,
+        adopt: Callable[[Store], None] | None = None,
+    ) -> AsyncStore:
+        """Open (or create) the state of the curriculum named ``curriculum`` (with that content hash and seed),
+        folding grades into the records ``tracking`` names; ``adopt`` then runs on the store's thread (another
+        run's stage history, for one)."""
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proctor-store")
         loop = asyncio.get_running_loop()
-        path = settings.state_path(curriculum.name, curriculum.hash)
+        path = settings.state_path(curriculum, curriculum_hash)
         store = await loop.run_in_executor(thread, lambda: Store(path, synchronous=settings.state_sync))
         try:
             await loop.run_in_executor(
-                thread,
-                lambda: store.bind(curriculum=curriculum.name, curriculum_hash=curriculum.hash, seed=curriculum.seed),
+                thread, lambda: store.bind(curriculum=curriculum, curriculum_hash=curriculum_hash, seed=seed)
             )
-            store.track_items(item_tracking(curriculum))
-            if settings.transitions is not None:
-                history = read_history(settings.transitions, curriculum)
-                source = str(settings.transitions)
-                await loop.run_in_executor(thread, lambda: adopt_history(store, history, source=source))
+            store.track_items(tracking)
+            if adopt is not None:
+                await loop.run_in_executor(thread, adopt, store)
         except BaseException:
             await loop.run_in_executor(thread, store.close)
             thread.shutdown()

@@ -33,28 +33,29 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from proctor.experience.database import Database, is_postgresql
-from proctor.server.curriculum.engine import TransitionRecord
-from proctor.server.curriculum.items import NEW_GROUP, ZERO_VARIANCE, GroupState, ItemState, ItemTracking, fold_grade
 from proctor.server.exceptions import ProctorError
+from proctor.server.state.items import NEW_GROUP, ZERO_VARIANCE, GroupState, ItemState, ItemTracking, fold_grade
+from proctor.server.state.rows import (
+    DecisionRow,
+    GradeKey,
+    GradeOutcome,
+    GradeRow,
+    GroupChange,
+    IterationRow,
+    IterationTotals,
+    StageTotals,
+    StoredGrades,
+    TransitionRecord,
+)
 
 __all__ = [
-    "NO_SLOT",
-    "DecisionRow",
-    "GradeKey",
-    "GradeOutcome",
-    "GradeRow",
-    "GroupChange",
     "Holder",
-    "IterationRow",
-    "IterationTotals",
     "SQLiteVersionError",
-    "StageTotals",
     "Standby",
     "StateInUseError",
     "StateMismatchError",
     "StateUnreachableError",
     "Store",
-    "StoredGrades",
     "redacted",
 ]
 
@@ -76,7 +77,6 @@ _RECORD_KEY = ("text", "bigint")  # source, key
 # The advisory lock a server holds on its PostgreSQL database (any number: the database is proctor's).
 _ADVISORY_KEY = 0x70726F63746F72
 _LOCK_WAIT_S = 1.0
-NO_SLOT = -1  # the slot of a grade whose client did not send one (it is told apart by its sample_id alone)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -122,7 +122,7 @@ CREATE TABLE IF NOT EXISTS served (
     iteration INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS grades_errors ON grades (seq) WHERE error IS NOT NULL;
--- Per-record state of the finite sources (proctor.server.curriculum.items), folded in with the grades.
+-- Per-record state of the finite sources (proctor.server.state.items), folded in with the grades.
 CREATE TABLE IF NOT EXISTS items (
     source TEXT NOT NULL,
     key INTEGER NOT NULL,
@@ -193,83 +193,6 @@ class StateUnreachableError(ProctorError, RuntimeError):
 
 class SQLiteVersionError(ProctorError, RuntimeError):
     """Python's sqlite3 is older than the statements the store uses."""
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionRow:
-    """An adaptive stage's decision for one iteration: the samplers' state after it, what the page shows of
-    it, and the records it served in an epoch (``(source, key, epoch)``), which are marked served."""
-
-    sampler: str
-    state: dict[str, Any]
-    detail: dict[str, Any]
-    served: Sequence[tuple[str, int, int]] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class IterationRow:
-    iteration: int
-    batch_size: int
-    stage: int
-    samples: list[dict[str, Any]]
-    decision: DecisionRow | None = None
-
-
-# (iteration, sample_id, slot or NO_SLOT, completion_index, sha256 of the completion): what makes a grade
-# "the same grade".
-GradeKey = tuple[int, str, int, int, str]
-GradeOutcome = Literal["inserted", "replaced_error", "exists"]
-
-
-@dataclass(frozen=True, slots=True)
-class GradeRow:
-    key: GradeKey
-    stage: int
-    source: str
-    reward: float
-    components: dict[str, float]
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class GroupChange:
-    """A group that got grades: its state before (``n == 0`` when new) and after."""
-
-    iteration: int
-    before: GroupState
-    after: GroupState
-
-
-@dataclass(frozen=True, slots=True)
-class StoredGrades:
-    """What :meth:`Store.insert_grades` did: an outcome per row, the new state of each record the new grades
-    touched (``(source, key, state)``), and the groups they changed."""
-
-    outcomes: list[GradeOutcome]
-    items: list[tuple[str, int, ItemState]]
-    groups: list[GroupChange]
-
-
-@dataclass(frozen=True, slots=True)
-class IterationTotals:
-    """One iteration's grades, for the live page."""
-
-    iteration: int
-    stage: int
-    graded: int
-    errors: int
-    reward_sum: float
-    groups: int
-    zero_variance_groups: int
-
-
-@dataclass(frozen=True, slots=True)
-class StageTotals:
-    iterations: int = 0
-    samples: int = 0
-    graded: int = 0
-    errors: int = 0
-    reward_sum: float = 0.0
 
 
 class Store:
@@ -649,7 +572,7 @@ class Store:
         grade of that key was already stored (a concurrent duplicate), which the caller reads back instead.
 
         In the same transaction, each new error-free grade is folded into its group and its record
-        (:mod:`proctor.server.curriculum.items`), so the per-record state never runs ahead of the grades."""
+        (:mod:`proctor.server.state.items`), so the per-record state never runs ahead of the grades."""
         now = time.time()
         written: dict[GradeKey, GradeOutcome] = {}
         postgresql = self._db.dialect == "postgresql"

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from proctor.server.curriculum.items import ItemState, ItemStatistics, ItemTracking
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.mixing import stage_weights
 from proctor.server.curriculum.samplers import Decision, RecordSampler, SamplerState, StageFeedback, build_sampler
 from proctor.server.sources.base import Source
+from proctor.server.state.items import ItemState, ItemStatistics, ItemTracking
 
 __all__ = ["AdaptiveSampling", "finite_sizes", "item_tracking"]
 

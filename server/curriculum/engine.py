@@ -11,24 +11,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from proctor.server.curriculum.loader import Stage
+from proctor.server.state.rows import TransitionRecord
 
-__all__ = ["GateView", "StageSchedule", "TransitionRecord"]
+__all__ = ["GateView", "StageSchedule"]
 
 # The gate's view of a stage: (mean of the latest `window` graded rewards, how many there are).
 GateView = Callable[[int], tuple[float | None, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class TransitionRecord:
-    iteration: int
-    from_stage: int
-    to_stage: int
-    reason: str
-    rolling_reward: float | None = None
-    rolling_count: int | None = None
 
 
 class StageSchedule:

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import yaml
 
-from proctor.server.curriculum.spec import (
+from proctor.server.grading.registry import GraderResolutionError, SourceGraders, resolve_graders
+from proctor.server.sources.base import Source
+from proctor.server.sources.files import SourceDataError
+from proctor.server.sources.registry import build_source
+from proctor.server.spec import (
     AdvanceGate,
     CurriculumError,
     CurriculumSpec,
     TargetDifficultySamplerSpec,
     read_spec,
 )
-from proctor.server.grading.registry import GraderResolutionError, SourceGraders, resolve_graders
-from proctor.server.sources.base import Source
-from proctor.server.sources.files import SourceDataError
-from proctor.server.sources.registry import build_source
 
 __all__ = ["Curriculum", "Stage", "load_curriculum"]
 
@@ -51,6 +51,10 @@ class Curriculum:
     @property
     def total_iterations(self) -> int:
         return self.stages[-1].until_step
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(stage.name for stage in self.stages)
 
 
 def load_curriculum(path: str | Path, *, seed: int | None = None) -> Curriculum:

@@ -8,14 +8,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from proctor.server.curriculum.adaptive import AdaptiveSampling, finite_sizes
-from proctor.server.curriculum.engine import StageSchedule, TransitionRecord
-from proctor.server.curriculum.items import ItemStatistics
+from proctor.server.curriculum.engine import StageSchedule
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.mixing import Mixer
 from proctor.server.curriculum.samplers import SamplerState, StageFeedback
 from proctor.server.curriculum.statistics import CountedGrade, CurriculumStatistics
 from proctor.server.curriculum.timeline import Timeline
-from proctor.server.store import DecisionRow, GradeOutcome, GradeRow, StoredGrades
+from proctor.server.state.items import ItemStatistics
+from proctor.server.state.rows import DecisionRow, GradeOutcome, GradeRow, StoredGrades, TransitionRecord
 
 __all__ = ["CurriculumProgress", "IterationDraw"]
 

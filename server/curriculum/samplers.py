@@ -29,17 +29,17 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from proctor.server.curriculum.items import ItemStatistics
 from proctor.server.curriculum.permutation import Permutation, derive_key
-from proctor.server.curriculum.spec import (
+from proctor.server.curriculum.sumtree import SumTree, quantize
+from proctor.server.sources.base import Source
+from proctor.server.spec import (
     LearnabilityParams,
     SamplerSpec,
     SkipZeroVarianceParams,
     TargetDifficultyParams,
     UniformSamplerSpec,
 )
-from proctor.server.curriculum.sumtree import SumTree, quantize
-from proctor.server.sources.base import Source
+from proctor.server.state.items import ItemStatistics
 
 __all__ = [
     "Decision",

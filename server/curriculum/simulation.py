@@ -44,13 +44,13 @@ import numpy as np
 import numpy.typing as npt
 
 from proctor.server.curriculum.adaptive import item_tracking
-from proctor.server.curriculum.engine import TransitionRecord
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.mixing import Mixer
 from proctor.server.curriculum.permutation import derive_key
 from proctor.server.curriculum.progress import CurriculumProgress
-from proctor.server.curriculum.spec import LearnabilityParams, TargetDifficultyParams
-from proctor.server.store import GradeRow, IterationRow, Store
+from proctor.server.spec import LearnabilityParams, TargetDifficultyParams
+from proctor.server.state.rows import GradeRow, IterationRow, TransitionRecord
+from proctor.server.store import Store
 
 __all__ = [
     "ADVANTAGE_EPS",

@@ -8,7 +8,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from proctor.server.store import GradeRow, GroupChange, IterationTotals
+from proctor.server.state.rows import GradeRow, GroupChange, IterationTotals
 
 __all__ = ["RECENT_ERRORS", "TIMELINE_ITERATIONS", "IterationTally", "Timeline"]
 

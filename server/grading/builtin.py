@@ -208,10 +208,10 @@ def _extraction_configs() -> tuple[LatexExtractionConfig, ExprExtractionConfig]:
     # Both are math_verify's defaults, spelled out because they decide what counts as an answer.
     # The reference always reaches math_verify inside a LaTeX delimiter (a bare one is wrapped in \boxed{}), so
     # LaTeX extraction reads it; expression extraction stays second for references that mix LaTeX with plain
-    # text ("$x$ = 5" gives 5, not x), and keeps every reference meaning what it meant to the old grader.
+    # text ("$x$ = 5" gives 5, not x), and reads a plain-text reference as math_verify does by default.
     # For the response, LaTeX extraction catches \boxed{} (tried before all but a "final answer is" phrase),
     # $...$ and \frac; expression extraction catches a bare "42", "3/4" or "x = 19", which a LaTeX-only setup
-    # (as kolibrify had) scores 0. math_verify tries the patterns of both by priority and position, so the
+    # would score 0. math_verify tries the patterns of both by priority and position, so the
     # order only breaks exact ties, in favour of the LaTeX reading. One pair for both sides, too: math_verify
     # keeps only the last config's compiled regexes, so two different pairs would recompile them every call.
     return LatexExtractionConfig(), ExprExtractionConfig()

@@ -46,7 +46,7 @@ from proctor.server.grading.base import GradeInput
 from proctor.server.grading.outcome import FailureKind, GraderOutcome
 from proctor.server.grading.registry import LocalGrader, load_callable
 
-__all__ = ["GraderPool", "GraderPoolError", "Task", "TaskOutcomes", "default_workers"]
+__all__ = ["GraderPool", "GraderPoolError", "Task", "TaskOutcomes"]
 
 log = logging.getLogger("proctor.grading")
 
@@ -399,14 +399,6 @@ def _outcomes(graders: Sequence[LocalGrader], raw: Sequence[_Raw]) -> TaskOutcom
 def _resolve(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
-
-
-def default_workers() -> int:
-    """One grader process per core the server may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 if __name__ == "__main__":

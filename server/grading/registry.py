@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from proctor.server.curriculum.spec import CustomGraderSpec, GraderUse
 from proctor.server.exceptions import ProctorError
 from proctor.server.grading.base import GradeInput, GraderFn
+from proctor.server.spec import CustomGraderSpec, GraderUse
 
 __all__ = [
     "GraderResolutionError",

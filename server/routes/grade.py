@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from proctor.server import views
 from proctor.server.deps import DataserverDep, json_body
 from proctor.server.errors import error_responses
 from proctor.server.openapi import request_body
 from proctor.server.protocol import GradeRequest, GradeResponse, Graders
+from proctor.server.services import views
 
 router = APIRouter(tags=["data"])
 GradeRequestBody = Annotated[GradeRequest, Depends(json_body(GradeRequest))]

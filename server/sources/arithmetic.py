@@ -8,8 +8,8 @@ import math
 import random
 from collections.abc import Sequence
 
-from proctor.server.curriculum.spec import ArithmeticSourceSpec
 from proctor.server.sources.base import Record, Source, content_version
+from proctor.server.spec import ArithmeticSourceSpec
 
 __all__ = ["ArithmeticSource"]
 

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from proctor.server.curriculum.spec import FileSourceSpec
 from proctor.server.exceptions import ProctorError
 from proctor.server.sources.base import Record, Source, content_version
+from proctor.server.spec import FileSourceSpec
 
 __all__ = ["FileSource", "SourceDataError"]
 

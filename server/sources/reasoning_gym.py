@@ -24,12 +24,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proctor.server.curriculum.spec import ReasoningGymSourceSpec
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.builtin import REASONING_GYM_METADATA, import_reasoning_gym
 from proctor.server.grading.builtin import reasoning_gym as grade_reasoning_gym
 from proctor.server.sources.base import Record, Source, content_version
 from proctor.server.sources.files import SourceDataError
+from proctor.server.spec import ReasoningGymSourceSpec
 
 __all__ = ["ReasoningGymSource"]
 

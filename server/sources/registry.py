@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proctor.server.curriculum.spec import ArithmeticSourceSpec, FileSourceSpec, ReasoningGymSourceSpec, SourceSpec
 from proctor.server.sources.arithmetic import ArithmeticSource
 from proctor.server.sources.base import Source
 from proctor.server.sources.files import FileSource
 from proctor.server.sources.reasoning_gym import ReasoningGymSource
+from proctor.server.spec import ArithmeticSourceSpec, FileSourceSpec, ReasoningGymSourceSpec, SourceSpec
 
 __all__ = ["SOURCE_KINDS", "build_source"]
 

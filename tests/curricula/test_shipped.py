@@ -142,7 +142,7 @@ _WITHOUT_REASONING_GYM = textwrap.dedent(
     import yaml
     from proctor.curricula import builtin_path
     from proctor.server.curriculum.loader import load_curriculum
-    from proctor.server.curriculum.spec import CurriculumError, parse_spec
+    from proctor.server.spec import CurriculumError, parse_spec
 
     # Curricula without a reasoning_gym source never import it, installed or not.
     for name in ("arithmetic", "word_problems"):

@@ -23,7 +23,7 @@ def server_exceptions() -> dict[str, type[Exception]]:
 
 def test_every_server_exception_derives_from_the_root() -> None:
     classes = server_exceptions()
-    assert "proctor.server.curriculum.spec.CurriculumError" in classes  # the walk reached the subpackages
+    assert "proctor.server.spec.CurriculumError" in classes  # the walk reached the subpackages
     outside = sorted(
         name for name, cls in classes.items() if not issubclass(cls, ProctorError) and not cls.__name__.startswith("_")
     )
@@ -40,11 +40,11 @@ def test_the_http_errors_carry_their_status() -> None:
 
 
 def test_the_domain_errors_keep_the_builtin_class_their_callers_catch() -> None:
-    from proctor.server.curriculum.spec import CurriculumError
     from proctor.server.grading.registry import GraderResolutionError
-    from proctor.server.history import HistoryError
+    from proctor.server.services.history import HistoryError
     from proctor.server.settings import SettingsError
     from proctor.server.sources.files import SourceDataError
+    from proctor.server.spec import CurriculumError
     from proctor.server.store import StateMismatchError
 
     for cls in (CurriculumError, GraderResolutionError, HistoryError, SettingsError, SourceDataError):

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proctor.server.history import HistoryError
+from proctor.server.services.history import HistoryError
 
 pytestmark = pytest.mark.anyio
 

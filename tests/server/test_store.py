@@ -10,16 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from proctor.server.curriculum.engine import TransitionRecord
-from proctor.server.store import (
-    NO_SLOT,
-    GradeRow,
-    IterationRow,
-    StateInUseError,
-    StateMismatchError,
-    Store,
-    redacted,
-)
+from proctor.server.state.rows import NO_SLOT, GradeRow, IterationRow, TransitionRecord
+from proctor.server.store import StateInUseError, StateMismatchError, Store, redacted
 
 
 def open_store(path: Path | str) -> Store:

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proctor.server.curriculum.engine import GateView, StageSchedule, TransitionRecord
+from proctor.server.curriculum.engine import GateView, StageSchedule
 from proctor.server.curriculum.loader import Stage
-from proctor.server.curriculum.spec import AdvanceGate
+from proctor.server.spec import AdvanceGate
+from proctor.server.state.rows import TransitionRecord
 
 
 def stage(index: int, until_step: int, advance: AdvanceGate | None = None) -> Stage:

@@ -1,4 +1,4 @@
-"""Tests for the per-record state in :mod:`proctor.server.curriculum.items`, folded by the real state file."""
+"""Tests for the per-record state in :mod:`proctor.server.state.items`, folded by the real state file."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proctor.server.curriculum.items import GroupState, ItemStatistics, ItemTracking
-from proctor.server.store import GradeRow, Store
+from proctor.server.state.items import GroupState, ItemStatistics, ItemTracking
+from proctor.server.state.rows import GradeRow
+from proctor.server.store import Store
 
 SID = "qa:0123456789:{}"
 

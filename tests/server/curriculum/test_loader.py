@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from proctor.server.curriculum.loader import Curriculum, Stage, load_curriculum
-from proctor.server.curriculum.spec import AdvanceGate, CurriculumError
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.builtin import BUILTIN_GRADERS
 from proctor.server.grading.registry import load_callable
 from proctor.server.sources.arithmetic import ArithmeticSource
 from proctor.server.sources.files import FileSource
+from proctor.server.spec import AdvanceGate, CurriculumError
 
 WriteCurriculum = Callable[..., Path]  # the conftest fixture's type
 

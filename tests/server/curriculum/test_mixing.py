@@ -14,9 +14,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proctor.server.curriculum.engine import StageSchedule, TransitionRecord
+from proctor.server.curriculum.engine import StageSchedule
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.curriculum.mixing import Mixer, largest_remainder, stage_weights
+from proctor.server.state.rows import TransitionRecord
 
 WriteCurriculum = Callable[..., Path]  # the conftest fixture's type
 

@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proctor.server.curriculum.adaptive import AdaptiveSampling, finite_sizes
-from proctor.server.curriculum.items import ItemState, ItemStatistics
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.curriculum.samplers import (
     LearnabilitySampler,
@@ -26,6 +25,7 @@ from proctor.server.curriculum.samplers import (
     TargetDifficultySampler,
 )
 from proctor.server.curriculum.sumtree import quantize
+from proctor.server.state.items import ItemState, ItemStatistics
 
 WriteCurriculum = Callable[..., Path]
 NO_FEEDBACK = StageFeedback(None, 0)

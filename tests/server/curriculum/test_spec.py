@@ -1,4 +1,4 @@
-"""Tests for the curriculum file format in :mod:`proctor.server.curriculum.spec`."""
+"""Tests for the curriculum file format in :mod:`proctor.server.spec`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proctor.server.curriculum.spec import (
+from proctor.server.spec import (
     NAME_PATTERN,
     ArithmeticSourceSpec,
     CurriculumError,

@@ -49,6 +49,19 @@ def nan(sample):
 
 def die(sample):
     os._exit(9)
+
+def rendezvous(sample, *, seconds):
+    # Marks its process, then waits for another process to mark its own: a task sees two marks only if tasks
+    # run in two processes side by side.
+    marks = os.path.join(os.path.dirname(__file__), "marks")
+    os.makedirs(marks, exist_ok=True)
+    open(os.path.join(marks, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if len(os.listdir(marks)) >= 2:
+            return 1.0
+        time.sleep(0.01)
+    return 0.0
 """
 
 SAMPLE = GradeInput(prompt="1+1", completion="2", answer="2")
@@ -76,6 +89,7 @@ def graders(tmp_path: Path) -> dict[str, LocalGrader]:
         "boom": make("boom"),
         "nan": make("nan"),
         "die": make("die"),
+        "rendezvous": make("rendezvous", seconds=20),
     }
 
 
@@ -147,13 +161,17 @@ async def test_a_dying_worker_is_a_crash(pool: GraderPool, graders: dict[str, Lo
 
 
 async def test_work_spreads_over_the_workers(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
-    # Sixteen 50 ms tasks on two workers: two chunks side by side (~0.4 s), not one after the other (~0.8 s).
-    # The time limit is per task, so tasks queued in a chunk do not time out while they wait.
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    results = await pool.run_many([([graders["quick"]], SAMPLE)] * 16, 0.5)
+    # Each task waits until a task in another process has started: one worker taking every task would wait
+    # its 20 s out and score 0.
+    results = await pool.run_many([([graders["rendezvous"]], SAMPLE)] * 16, 30)
+    assert results == [{"rendezvous": GraderOutcome.scored(1.0)}] * 16
+
+
+async def test_the_time_limit_is_per_task(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
+    # Sixteen 50 ms tasks on two workers, eight to a chunk: a chunk takes 0.4 s, each of its tasks 50 ms, and
+    # none times out against a limit of 0.3 s while it waits its turn.
+    results = await pool.run_many([([graders["quick"]], SAMPLE)] * 16, 0.3)
     assert results == [{"sleepy": GraderOutcome.scored(1.0)}] * 16
-    assert loop.time() - started < 0.7
 
 
 async def test_a_timeout_inside_a_chunk_fails_only_that_task(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:

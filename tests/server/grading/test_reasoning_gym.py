@@ -16,11 +16,11 @@ import yaml
 
 from proctor.curricula import builtin_path
 from proctor.server.curriculum.loader import load_curriculum
-from proctor.server.curriculum.spec import ReasoningGymSourceSpec, parse_spec
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.builtin import BUILTIN_GRADERS, reasoning_gym
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.sources.registry import build_source
+from proctor.server.spec import ReasoningGymSourceSpec, parse_spec
 
 ENTRIES = 40
 

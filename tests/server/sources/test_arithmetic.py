@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from proctor.curricula import builtin_path
 from proctor.server.curriculum.loader import load_curriculum
-from proctor.server.curriculum.spec import ArithmeticSourceSpec, CurriculumError, parse_spec
 from proctor.server.sources.arithmetic import ArithmeticSource
 from proctor.server.sources.base import SampleId
 from proctor.server.sources.registry import build_source
+from proctor.server.spec import ArithmeticSourceSpec, CurriculumError, parse_spec
 
 _TOKEN = re.compile(r"\d+|[-+*]")
 

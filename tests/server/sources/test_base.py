@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proctor.server.curriculum.spec import NAME_PATTERN
 from proctor.server.sources.base import Record, SampleId, Source, content_version
+from proctor.server.spec import NAME_PATTERN
 
 NAMES = st.from_regex(re.compile(NAME_PATTERN.removesuffix("$") + r"\Z"), fullmatch=True).filter(lambda s: len(s) < 40)
 VERSIONS = st.text("0123456789abcdef", min_size=10, max_size=10)

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from proctor.server.curriculum.spec import FileSourceSpec
 from proctor.server.sources.files import FileSource, SourceDataError
 from proctor.server.sources.registry import build_source
+from proctor.server.spec import FileSourceSpec
 
 Rows = list[dict[str, Any]]
 

@@ -13,10 +13,10 @@ import yaml
 
 from proctor.curricula import builtin_path
 from proctor.server.curriculum.loader import load_curriculum
-from proctor.server.curriculum.spec import CurriculumError, ReasoningGymSourceSpec, parse_spec
 from proctor.server.sources.base import SampleId, Source
 from proctor.server.sources.files import SourceDataError
 from proctor.server.sources.registry import build_source
+from proctor.server.spec import CurriculumError, ReasoningGymSourceSpec, parse_spec
 
 INSTALL = "pip install 'proctor[reasoning-gym]'"
 SUMS = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}

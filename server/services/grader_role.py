@@ -20,8 +20,8 @@ from proctor.experience import Dispatch, ExperienceError, LeaseError, UnknownIte
 from proctor.experience import columns as col
 from proctor.server.exceptions import RequestError
 from proctor.server.grading.fanout import GraderFanout
-from proctor.server.grading.rows import grade_rows
-from proctor.server.rollouts import Rollouts
+from proctor.server.services.grade_rows import grade_rows
+from proctor.server.services.rollouts import Rollouts
 
 __all__ = ["LEASE_S", "GraderRole", "grade_lease", "grading_time", "renewing"]
 

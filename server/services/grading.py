@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from proctor.experience import Value
 from proctor.experience import columns as col
 from proctor.server import protocol as wire
-from proctor.server.context import ServingContext
 from proctor.server.exceptions import InvalidRequestError
 from proctor.server.grading.fanout import GraderFanout
-from proctor.server.grading.role import LEASE_S, grading_time
-from proctor.server.grading.rows import grade_rows
 from proctor.server.pacing import paced
-from proctor.server.rollouts import Completion, Graded, Rollouts, grade_key, reference
+from proctor.server.services.context import ServingContext
+from proctor.server.services.grade_rows import grade_rows
+from proctor.server.services.grader_role import LEASE_S, grading_time
+from proctor.server.services.rollouts import Completion, Graded, Rollouts, grade_key, reference
 from proctor.server.sources.base import Record, SampleId
-from proctor.server.store import NO_SLOT, GradeKey, GradeRow
+from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow
 
 __all__ = ["GradingService"]
 

@@ -13,12 +13,12 @@ from collections import Counter
 from typing import Any
 
 from proctor.server import protocol as wire
-from proctor.server.batches import SampleCache, ServedBatch, encode_sample
-from proctor.server.context import ServingContext
 from proctor.server.curriculum.mixing import Mixer
 from proctor.server.exceptions import ConflictError, InvalidRequestError
 from proctor.server.pacing import paced
-from proctor.server.store import IterationRow
+from proctor.server.services.batches import SampleCache, ServedBatch, encode_sample
+from proctor.server.services.context import ServingContext
+from proctor.server.state.rows import IterationRow
 
 __all__ = ["SamplingService"]
 
@@ -118,7 +118,7 @@ class SamplingService:
         self.ctx.metrics.last_iteration.set(self.ctx.progress.last_iteration)
         if transitions:
             self.ctx.metrics.transitions.inc(len(transitions))
-            self.ctx.metrics.publish_stage(self.ctx.curriculum, self.ctx.progress.schedule.current)
+            self.ctx.metrics.publish_stage(self.ctx.curriculum.stage_names, self.ctx.progress.schedule.current)
         return batch, committed
 
     async def _stored(self, iteration: int) -> ServedBatch | None:

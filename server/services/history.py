@@ -15,10 +15,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from proctor.server.curriculum.engine import TransitionRecord
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import ProctorError
 from proctor.server.protocol import CurriculumState
+from proctor.server.state.rows import TransitionRecord
 from proctor.server.store import Store
 
 __all__ = ["HistoryError", "StageHistory", "adopt_history", "read_history"]

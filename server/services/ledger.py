@@ -1,7 +1,7 @@
 """Where stored grades count: only a grade stored for the first time (or one replacing a failed grade) counts
 in the curriculum's statistics and the metrics.
 
-Grades are stored by the grader role's collections (:meth:`proctor.server.rollouts.Rollouts.collect`), in the
+Grades are stored by the grader role's collections (:meth:`proctor.server.services.rollouts.Rollouts.collect`), in the
 transaction that writes their rewards to the experience store; whoever collected them (``/grade`` grading its
 own rows, the server's role, a remote ``proctor grade-worker``) counts them here, once per completion.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proctor.server.context import ServingContext
-from proctor.server.store import GradeRow, StoredGrades
+from proctor.server.services.context import ServingContext
+from proctor.server.state.rows import GradeRow, StoredGrades
 
 __all__ = ["GradeLedger"]
 
@@ -24,4 +24,7 @@ class GradeLedger:
         """Count ``rows``, as the state file stored them (``stored``), in the statistics and the metrics."""
         ctx = self.ctx
         counted, touched = ctx.progress.graded(rows, stored)
-        ctx.metrics.count_grades(ctx.curriculum, ctx.progress.statistics, counted, touched)
+        stages = ctx.progress.statistics.stages
+        ctx.metrics.count_grades(
+            ctx.curriculum.stage_names, counted, {stage: stages[stage].rolling for stage in touched}
+        )

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from proctor.server.store import IterationRow
+from proctor.server.state.rows import IterationRow
 
 __all__ = ["SampleCache", "ServedBatch", "encode_sample"]
 

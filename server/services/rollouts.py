@@ -39,15 +39,16 @@ from proctor.experience import (
 from proctor.experience import columns as col
 from proctor.experience import wire as dw
 from proctor.server import protocol as wire
-from proctor.server.batches import ServedBatch
-from proctor.server.context import ServingContext
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import RequestError, UnavailableError
-from proctor.server.experience import AsyncExperienceStore
-from proctor.server.grading.ledger import GradeLedger
-from proctor.server.sampling import SamplingService
+from proctor.server.services.batches import ServedBatch
+from proctor.server.services.context import ServingContext
+from proctor.server.services.experience import AsyncExperienceStore
+from proctor.server.services.ledger import GradeLedger
+from proctor.server.services.sampling import SamplingService
 from proctor.server.sources.base import Record, SampleId
-from proctor.server.store import NO_SLOT, GradeKey, GradeRow, IterationRow, Store, StoredGrades
+from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow, IterationRow, StoredGrades
+from proctor.server.store import Store
 
 __all__ = ["Completion", "Graded", "Recorded", "Rollouts", "Signal", "Written", "grade_key", "reference"]
 
@@ -439,7 +440,7 @@ def _store_grades(state: Store, grades: Sequence[GradeRow]) -> list[tuple[list[G
 
 
 def grade_key(step: int, sample_id: str, step_slot: int | None, index: int, completion: str) -> GradeKey:
-    """What makes a grade the same grade: see :data:`proctor.server.store.GradeKey`."""
+    """What makes a grade the same grade: see :data:`proctor.server.state.rows.GradeKey`."""
     sha = hashlib.sha256(completion.encode()).hexdigest()
     slot = NO_SLOT if step_slot is None or step_slot < 0 else step_slot
     return (step, sample_id, slot, index, sha)

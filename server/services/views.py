@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 
 from proctor.server import __version__
 from proctor.server import protocol as wire
-from proctor.server.curriculum.items import PASS_RATE_BINS, GroupState, ItemState
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.settings import Settings
+from proctor.server.state.items import PASS_RATE_BINS, GroupState, ItemState
 
 __all__ = ["curriculum_state", "dashboard", "graders", "meta", "step_stats"]
 

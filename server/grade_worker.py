@@ -25,9 +25,9 @@ from proctor.server import protocol as wire
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.pool import GraderPool
 from proctor.server.grading.registry import LocalGrader, RemoteGrader, SourceGraders
-from proctor.server.grading.role import LEASE_S, ROWS_PER_DISPATCH, renewing
-from proctor.server.grading.rows import grade_rows
 from proctor.server.metrics import Metrics
+from proctor.server.services.grade_rows import grade_rows
+from proctor.server.services.grader_role import LEASE_S, ROWS_PER_DISPATCH, renewing
 
 __all__ = ["GradeWorker", "WorkerStats", "source_graders"]
 

@@ -1,0 +1,1 @@
+"""The services the HTTP routes call: sampling, grading, the steps' tables, the views of the run."""

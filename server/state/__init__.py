@@ -1,0 +1,1 @@
+"""The records of a run's state, which the store persists and the domain computes with."""
