@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -58,7 +59,105 @@ def _positive(unit: str) -> Callable[[str], int]:
     return parse
 
 
+_OWN = object()  # a flag whose default is the configuration field's own
+
+
+@dataclass(frozen=True)
+class _Flag:
+    """A field of ``ProctorGRPOConfig`` as a flag of ``proctor train``. Its help is the field's own, followed by
+    the default the command gives it."""
+
+    field: str
+    default: Any = _OWN
+    default_text: str | None = None  # the default in words, where its value alone would not say it
+    unit: str | None = None  # a count of this, at least 1
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    negated: str | None = None  # a boolean that is on by default: this flag turns it off
+
+    def add_to(self, group: argparse._ActionsContainer) -> None:
+        field = _CONFIG_FIELDS[self.field]
+        default = field.default if self.default is _OWN else self.default
+        said = self.default_text if self.default_text is not None else default
+        help_ = f"{field.metadata['help'].rstrip('.')}. (default: {said})"
+        if self.negated is not None:
+            group.add_argument(self.negated, dest=self.field, action="store_false", help=f"Turns off: {help_}")
+            return
+        kind: Callable[[str], Any] = str
+        if self.unit is not None:
+            kind = _positive(self.unit)
+        elif self.choices is None:
+            kind = float if isinstance(field.default, float) else int
+        group.add_argument(
+            "--" + self.field.replace("_", "-"),
+            type=kind,
+            default=default,
+            choices=self.choices,
+            metavar=self.metavar or (None if self.choices else "X" if kind is float else "N"),
+            help=help_,
+        )
+
+
+_CONFIG_FIELDS = {f.name: f for f in fields(ProctorGRPOConfig)}
+
+# The configuration proctor train sets from its flags; the rest of ProctorGRPOConfig is run_defaults' or TRL's.
+_TRAINING = (
+    _Flag("per_device_train_batch_size", 8, unit="rows"),
+    _Flag("num_generations", 4, unit="completions per prompt"),
+    _Flag("gradient_accumulation_steps", unit="micro-steps per optimizer step"),
+    _Flag(
+        "steps_per_generation",
+        unit="micro-steps per generation",
+        default_text="derived so that every rollout pass cuts whole micro-batches",
+    ),
+    _Flag("max_steps", None, "the whole curriculum", unit="optimizer steps"),
+    _Flag("max_completion_length", 32, unit="tokens"),
+    _Flag("learning_rate", None, "1e-4 for the tiny model, 1e-6 for any other"),
+    _Flag("beta"),
+    _Flag("temperature"),
+    _Flag("seed", 0),
+)
+_BATCHING = (
+    _Flag(
+        "rollout_micro_batch_size",
+        default_text="the whole local generation batch",
+        unit="rows per generate call",
+        metavar="ROWS",
+    ),
+    _Flag(
+        "ref_logps_micro_batch_size",
+        default_text="--per-device-train-batch-size",
+        unit="rows per reference forward",
+        metavar="ROWS",
+    ),
+    _Flag(
+        "old_logps_micro_batch_size",
+        default_text="--per-device-train-batch-size",
+        unit="rows per old-policy forward",
+        metavar="ROWS",
+    ),
+    _Flag(
+        "max_tokens_per_microbatch_in_infer",
+        default_text="by rows",
+        unit="tokens per micro-batch",
+        metavar="TOKENS",
+    ),
+    _Flag("sequence_length_round_in_infer", unit="tokens", metavar="TOKENS"),
+    _Flag(
+        "max_tokens_per_microbatch_in_train",
+        default_text="one pass per micro-step",
+        unit="tokens per micro-batch",
+        metavar="TOKENS",
+    ),
+    _Flag("sequence_length_round_in_train", unit="tokens", metavar="TOKENS"),
+    _Flag("padding_free", choices=("auto", "off")),
+    _Flag("balance_ranks_by_tokens", default_text="on", negated="--no-balance-ranks"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``proctor train``: where to find the server and the model, and the configuration fields
+    :data:`_TRAINING` and :data:`_BATCHING` name, each with its field's help."""
     p = argparse.ArgumentParser(prog="proctor train", description="GRPO (TRL) against a proctor dataserver.")
     server = os.environ.get("PROCTOR_URL", "http://127.0.0.1:8000")
     p.add_argument("--server", default=server, help=f"the dataserver's URL (default {server}, env PROCTOR_URL)")
@@ -84,53 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=".proctor/train",
         help="where the trainer writes (the model with --save) (default .proctor/train)",
     )
-    p.add_argument(
-        "--per-device-train-batch-size",
-        type=_positive("rows"),
-        default=8,
-        help="completions per device and micro-step (default 8)",
-    )
-    p.add_argument(
-        "--num-generations",
-        type=_positive("completions per prompt"),
-        default=4,
-        help="completions per prompt, G (default 4)",
-    )
-    p.add_argument(
-        "--gradient-accumulation-steps",
-        type=_positive("micro-steps per optimizer step"),
-        default=1,
-        help="micro-steps per optimizer step (default 1)",
-    )
-    p.add_argument(
-        "--steps-per-generation",
-        type=_positive("micro-steps per generation"),
-        default=None,
-        help="micro-steps one generation feeds (default: derived so every rollout pass cuts whole micro-batches)",
-    )
-    p.add_argument(
-        "--max-steps",
-        type=_positive("optimizer steps"),
-        default=None,
-        help="optimizer steps (default: the whole curriculum)",
-    )
-    p.add_argument(
-        "--max-completion-length",
-        type=_positive("tokens"),
-        default=32,
-        help="tokens per completion, at most (default 32)",
-    )
-    p.add_argument(
-        "--learning-rate",
-        type=float,
-        default=None,
-        help="the optimizer's learning rate (default 1e-4 for the tiny model, 1e-6 for any other)",
-    )
-    p.add_argument(
-        "--beta", type=float, default=0.0, help="KL coefficient; > 0 adds a reference log-prob pass (default 0.0)"
-    )
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of generation (default 1.0)")
-    p.add_argument("--seed", type=int, default=0, help="the trainer's random seed (default 0)")
+    for flag in _TRAINING:
+        flag.add_to(p)
     p.add_argument(
         "--on-error",
         choices=["skip", "server"],
@@ -143,78 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="train in bf16 even where the default would not (default: bf16 on a GPU, fp32 on a CPU)",
     )
-
     batching = p.add_argument_group(
         "rollout batching",
         "How the rollout's passes are cut into micro-batches: by rows, or packed by a token budget "
         "(rows × padded length). The local generation batch must cut into whole row micro-batches; "
         "--steps-per-generation is derived to make it so unless given.",
     )
-    batching.add_argument(
-        "--rollout-micro-batch-size",
-        metavar="ROWS",
-        type=_positive("rows per generate call"),
-        default=None,
-        help="rows ((prompt, completion) pairs) per generate call (default: the whole local generation batch)",
-    )
-    batching.add_argument(
-        "--ref-logps-micro-batch-size",
-        metavar="ROWS",
-        type=_positive("rows per reference forward"),
-        default=None,
-        help="rows per reference log-prob forward (default: --per-device-train-batch-size)",
-    )
-    batching.add_argument(
-        "--old-logps-micro-batch-size",
-        metavar="ROWS",
-        type=_positive("rows per old-policy forward"),
-        default=None,
-        help="rows per old-policy log-prob forward (default: --per-device-train-batch-size)",
-    )
-    batching.add_argument(
-        "--max-tokens-per-microbatch-in-infer",
-        metavar="TOKENS",
-        type=_positive("tokens per micro-batch"),
-        default=None,
-        help="pack the reference and old-policy log-prob passes by this token budget instead of by rows "
-        "(default: by rows)",
-    )
-    batching.add_argument(
-        "--sequence-length-round-in-infer",
-        metavar="TOKENS",
-        type=_positive("tokens"),
-        default=1,
-        help="pad each packed log-prob micro-batch's length to a multiple of this many tokens (default 1)",
-    )
-    batching.add_argument(
-        "--max-tokens-per-microbatch-in-train",
-        metavar="TOKENS",
-        type=_positive("tokens per micro-batch"),
-        default=None,
-        help="run the training forward+backward per micro-batch packed to this token budget "
-        "(default: one pass per micro-step)",
-    )
-    batching.add_argument(
-        "--sequence-length-round-in-train",
-        metavar="TOKENS",
-        type=_positive("tokens"),
-        default=1,
-        help="pad each packed training micro-batch's length to a multiple of this many tokens (default 1)",
-    )
-    batching.add_argument(
-        "--padding-free",
-        choices=["auto", "off"],
-        default="auto",
-        help="auto: lay a packed micro-batch's rows back to back with no padding where the model's attention keeps "
-        "packed sequences apart (checked once on the model); off: always padded rectangles (default auto)",
-    )
-    batching.add_argument(
-        "--no-balance-ranks",
-        dest="balance_ranks",
-        action="store_false",
-        help="with --max-tokens-per-microbatch-in-train on several processes, keep each process's own rows instead "
-        "of redistributing a micro-step's rows across processes by token count (default: redistributed)",
-    )
+    for flag in _BATCHING:
+        flag.add_to(batching)
     return p
 
 
@@ -223,33 +213,17 @@ def config_from_args(args: argparse.Namespace, *, gpu: bool) -> ProctorGRPOConfi
 
     ``max_steps`` stays -1 when ``--max-steps`` is not given: ``train`` sets it from the server's curriculum.
     """
-    tiny = args.model == TINY
     defaults = run_defaults(args.output_dir, gpu=gpu, seed=args.seed)
     if args.bf16:
         defaults["bf16"] = True
+    flagged = {flag.field: getattr(args, flag.field) for flag in (*_TRAINING, *_BATCHING)}
+    flagged["learning_rate"] = args.learning_rate or (1e-4 if args.model == TINY else 1e-6)
+    flagged["max_steps"] = args.max_steps or -1
     return ProctorGRPOConfig(
-        **defaults,
-        per_device_train_batch_size=args.per_device_train_batch_size,
-        num_generations=args.num_generations,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        steps_per_generation=args.steps_per_generation,
-        max_completion_length=args.max_completion_length,
-        learning_rate=args.learning_rate or (1e-4 if tiny else 1e-6),
-        beta=args.beta,
-        temperature=args.temperature,
-        max_steps=args.max_steps or -1,
+        **{**defaults, **flagged},
         shuffle_dataset=False,  # the curriculum's order is the point
-        rollout_micro_batch_size=args.rollout_micro_batch_size,
-        ref_logps_micro_batch_size=args.ref_logps_micro_batch_size,
-        old_logps_micro_batch_size=args.old_logps_micro_batch_size,
         use_dynamic_batching_in_infer=args.max_tokens_per_microbatch_in_infer is not None,
-        max_tokens_per_microbatch_in_infer=args.max_tokens_per_microbatch_in_infer,
-        sequence_length_round_in_infer=args.sequence_length_round_in_infer,
         use_dynamic_batching_in_train=args.max_tokens_per_microbatch_in_train is not None,
-        max_tokens_per_microbatch_in_train=args.max_tokens_per_microbatch_in_train,
-        sequence_length_round_in_train=args.sequence_length_round_in_train,
-        padding_free=args.padding_free,
-        balance_ranks_by_tokens=args.balance_ranks,
     )
 
 
