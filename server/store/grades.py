@@ -1,0 +1,215 @@
+"""Grades: stored once per completion, and folded into their group's and their record's statistics in
+the transaction that stores them."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+
+from proctor.server.state.items import NEW_GROUP, GroupState, ItemState, ItemTracking, fold_grade
+from proctor.server.state.rows import (
+    GradeKey,
+    GradeOutcome,
+    GradeRow,
+    GroupChange,
+    StoredGrades,
+)
+from proctor.server.store.connection import _KEYS_PER_STATEMENT, _ROWS_PER_STATEMENT, StateConnection, _parts
+
+__all__ = ["GradeQueries"]
+
+# Per group of grades: the error-free ones, the errors, the error-free rewards' sum.
+_GRADE_SUMS = (
+    "SUM(CASE WHEN error IS NULL THEN 1 ELSE 0 END), SUM(CASE WHEN error IS NULL THEN 0 ELSE 1 END),"
+    " SUM(CASE WHEN error IS NULL THEN reward END)"
+)
+
+# The PostgreSQL types of the keys that statements take sets of (see Database.rows).
+_GRADE_KEY = ("bigint", "text", "bigint", "bigint", "text")  # iteration, sample_id, slot, completion_index, sha
+_GROUP_KEY = ("bigint", "text", "bigint")  # iteration, sample_id, slot
+_RECORD_KEY = ("text", "bigint")  # source, key
+
+
+class GradeQueries(StateConnection):
+    """Grades and the per-record and per-group statistics they fold into."""
+
+    def graded_iterations(self, iterations: Iterable[int]) -> set[int]:
+        """Those of ``iterations`` with at least one stored grade (the unique key's index, a statement per few
+        hundred iterations)."""
+        out: set[int] = set()
+        for part in _parts(sorted(set(iterations)), _KEYS_PER_STATEMENT):
+            marks = ",".join("?" * len(part))
+            out.update(
+                i
+                for (i,) in self._reader.execute(
+                    f"SELECT DISTINCT iteration FROM grades WHERE iteration IN ({marks})", part
+                )
+            )
+        return out
+
+    def step_groups(self, iteration: int, limit: int) -> list[tuple[str, int, GroupState]]:
+        """The first ``limit`` groups of a step, as ``(sample_id, slot, state)``, by slot then sample id."""
+        rows = self._reader.execute(
+            "SELECT sample_id, slot, n, mean, m2 FROM groups WHERE iteration = ? ORDER BY slot, sample_id LIMIT ?",
+            (iteration, limit),
+        )
+        return [(sample_id, slot, GroupState(n, mean, m2)) for sample_id, slot, n, mean, m2 in rows]
+
+    def records(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], ItemState]:
+        """The stored state of the records ``(source, key)`` that have one."""
+        out: dict[tuple[str, int], ItemState] = {}
+        for part in _parts(sorted(set(keys)), _KEYS_PER_STATEMENT):
+            values, params = self._reader.rows(_RECORD_KEY, part)
+            rows = self._reader.execute(
+                f"WITH k (source, key) AS ({values}) SELECT i.source, i.key, i.passes, i.fails, i.groups,"
+                " i.streak, i.streak_before, i.last_iteration, i.last_slot, i.served_epoch"
+                " FROM k JOIN items AS i USING (source, key)",
+                params,
+            )
+            for source, key, passes, fails, groups, streak, before, iteration, slot, served in rows:
+                out[(source, key)] = ItemState(passes, fails, groups, streak, before, (iteration, slot), served)
+        return out
+
+    def find_grades(self, keys: Iterable[GradeKey]) -> dict[GradeKey, GradeRow]:
+        """The stored grades of ``keys`` (keys without one are absent), a statement per few hundred keys."""
+        out: dict[GradeKey, GradeRow] = {}
+        for part in _parts(list(keys), _KEYS_PER_STATEMENT):
+            values, params = self._reader.rows(_GRADE_KEY, part)
+            rows = self._reader.execute(
+                f"WITH k (iteration, sample_id, slot, completion_index, completion_sha) AS ({values})"
+                " SELECT g.iteration, g.sample_id, g.slot, g.completion_index, g.completion_sha, g.stage, g.source,"
+                " g.reward, g.components, g.error FROM k JOIN grades AS g"
+                " USING (iteration, sample_id, slot, completion_index, completion_sha)",
+                params,
+            )
+            for *key, stage, source, reward, components, error in rows:
+                k: GradeKey = (key[0], key[1], key[2], key[3], key[4])
+                out[k] = GradeRow(k, stage, source, reward, json.loads(components), error)
+        return out
+
+    def track_items(self, tracking: ItemTracking) -> None:
+        """Fold every grade stored from now on into its group and, for the finite sources, its record."""
+        self._tracking = tracking
+
+    def insert_grades(self, rows: Sequence[GradeRow]) -> StoredGrades:
+        """Store grades in one transaction. Per row: ``inserted``; ``replaced_error`` when it replaces a stored
+        error result of the same key (errors are retried, successes are final); ``exists`` when a successful
+        grade of that key was already stored (a concurrent duplicate), which the caller reads back instead.
+
+        In the same transaction, each new error-free grade is folded into its group and its record
+        (:mod:`proctor.server.state.items`), so the per-record state never runs ahead of the grades."""
+        now = time.time()
+        written: dict[GradeKey, GradeOutcome] = {}
+        postgresql = self._db.dialect == "postgresql"
+        with self._tx():
+            # Which rows the upsert inserted, and which errors it replaced: PostgreSQL says so (a row version
+            # no transaction has replaced, xmax 0, is new). On SQLite, one writer in a transaction: a row whose
+            # seq is above the largest before it was inserted now.
+            before = 0
+            if not postgresql:
+                (before,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM grades").fetchone()
+            new, after = ("xmax = 0", []) if postgresql else ("seq > ?", [before])
+            for part in _parts(list(rows), _ROWS_PER_STATEMENT):
+                values, params = self._db.rows(
+                    (*_GRADE_KEY, "bigint", "text", "double precision", "text", "text", "double precision"),
+                    [(*r.key, r.stage, r.source, r.reward, json.dumps(r.components), r.error, now) for r in part],
+                )
+                returned = self._db.execute(
+                    "INSERT INTO grades (iteration, sample_id, slot, completion_index, completion_sha, stage, source,"
+                    f" reward, components, error, created_at) {values}"
+                    " ON CONFLICT (iteration, sample_id, slot, completion_index, completion_sha) DO UPDATE SET"
+                    " stage = excluded.stage, source = excluded.source, reward = excluded.reward,"
+                    " components = excluded.components, error = excluded.error, created_at = excluded.created_at"
+                    " WHERE grades.error IS NOT NULL"
+                    f" RETURNING {new}, iteration, sample_id, slot, completion_index, completion_sha",
+                    params + after,
+                ).fetchall()
+                for inserted, *key in returned:
+                    written[(key[0], key[1], key[2], key[3], key[4])] = "inserted" if inserted else "replaced_error"
+            items, groups = self._fold([r for r in rows if r.error is None and r.key in written])
+        return StoredGrades([written.get(r.key, "exists") for r in rows], items, groups)
+
+    def _fold(self, rows: Sequence[GradeRow]) -> tuple[list[tuple[str, int, ItemState]], list[GroupChange]]:
+        if not rows:
+            return [], []
+        tracking = self._tracking
+        group_keys = list(dict.fromkeys((r.key[0], r.key[1], r.key[2]) for r in rows))
+        groups = dict.fromkeys(group_keys, NEW_GROUP)
+        for gpart in _parts(group_keys, _KEYS_PER_STATEMENT):
+            values, params = self._db.rows(_GROUP_KEY, gpart)
+            for iteration, sample_id, slot, n, mean, m2 in self._db.execute(
+                f"WITH k (iteration, sample_id, slot) AS ({values}) SELECT g.iteration, g.sample_id, g.slot,"
+                " g.n, g.mean, g.m2 FROM k JOIN groups AS g USING (iteration, sample_id, slot)",
+                params,
+            ):
+                groups[(iteration, sample_id, slot)] = GroupState(n, mean, m2)
+        first = dict(groups)
+        record_keys = list(
+            dict.fromkeys((r.source, _record_key(r.key[1])) for r in rows if r.source in tracking.finite)
+        )
+        items = {k: ItemState() for k in record_keys}
+        for ipart in _parts(record_keys, _KEYS_PER_STATEMENT):
+            values, params = self._db.rows(_RECORD_KEY, ipart)
+            for source, record, *fields in self._db.execute(
+                f"WITH k (source, key) AS ({values}) SELECT i.source, i.key, i.passes, i.fails, i.groups,"
+                " i.streak, i.streak_before, i.last_iteration, i.last_slot, i.served_epoch"
+                " FROM k JOIN items AS i USING (source, key)",
+                params,
+            ):
+                passes, fails, n_groups, streak, streak_before, last_iteration, last_slot, served = fields
+                items[(source, record)] = ItemState(
+                    passes, fails, n_groups, streak, streak_before, (last_iteration, last_slot), served
+                )
+        for r in rows:
+            gkey = (r.key[0], r.key[1], r.key[2])
+            group = groups[gkey]
+            updated = groups[gkey] = group.add(r.reward)
+            if r.source in tracking.finite:
+                ikey = (r.source, _record_key(r.key[1]))
+                passed = r.reward >= tracking.pass_thresholds.get(r.source, 1.0)
+                items[ikey] = fold_grade(items[ikey], group, updated, (r.key[0], r.key[2]), passed, tracking.decay)
+        for gpart in _parts(group_keys, _ROWS_PER_STATEMENT):
+            values, params = self._db.rows(
+                (*_GROUP_KEY, "bigint", "double precision", "double precision"),
+                [(*k, groups[k].n, groups[k].mean, groups[k].m2) for k in gpart],
+            )
+            self._db.defer(
+                f"INSERT INTO groups (iteration, sample_id, slot, n, mean, m2) {values}"
+                " ON CONFLICT (iteration, sample_id, slot) DO UPDATE SET n = excluded.n, mean = excluded.mean,"
+                " m2 = excluded.m2",
+                params,
+            )
+        for ipart in _parts(record_keys, _ROWS_PER_STATEMENT):
+            # served_epoch is the sampler's to write (with the iterations), never the grades'.
+            values, params = self._db.rows(
+                (
+                    *_RECORD_KEY,
+                    "double precision",
+                    "double precision",
+                    "bigint",
+                    "bigint",
+                    "bigint",
+                    "bigint",
+                    "bigint",
+                ),
+                [
+                    (*k, st.passes, st.fails, st.groups, st.streak, st.streak_before, *st.last_group)
+                    for k in ipart
+                    for st in (items[k],)
+                ],
+            )
+            self._db.defer(
+                "INSERT INTO items (source, key, passes, fails, groups, streak, streak_before, last_iteration,"
+                f" last_slot) {values}"
+                " ON CONFLICT (source, key) DO UPDATE SET passes = excluded.passes, fails = excluded.fails,"
+                " groups = excluded.groups, streak = excluded.streak, streak_before = excluded.streak_before,"
+                " last_iteration = excluded.last_iteration, last_slot = excluded.last_slot",
+                params,
+            )
+        changes = [GroupChange(k[0], first[k], groups[k]) for k in group_keys]
+        return [(source, key, items[(source, key)]) for source, key in record_keys], changes
+
+
+def _record_key(sample_id: str) -> int:
+    return int(sample_id.rsplit(":", 1)[1])

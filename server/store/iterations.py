@@ -1,0 +1,123 @@
+"""Sampled iterations: their batches, an adaptive stage's decisions, the stage transitions, and the
+latest iteration to serve each sample id."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+
+from proctor.server.state.rows import (
+    DecisionRow,
+    IterationRow,
+    TransitionRecord,
+)
+from proctor.server.store.connection import _KEYS_PER_STATEMENT, _ROWS_PER_STATEMENT, StateConnection, _parts
+
+__all__ = ["IterationQueries"]
+
+
+class IterationQueries(StateConnection):
+    """What was served: each iteration's batch and decision, and the transitions decided for it."""
+
+    def get_iteration(self, iteration: int) -> IterationRow | None:
+        row = self._reader.execute(
+            "SELECT iteration, batch_size, stage, samples FROM iterations WHERE iteration = ?", (iteration,)
+        ).fetchone()
+        if row is None:
+            return None
+        return IterationRow(row[0], row[1], row[2], json.loads(row[3]))
+
+    def record_iteration(
+        self, row: IterationRow, transitions: Sequence[TransitionRecord], *, samples_json: str | None = None
+    ) -> None:
+        """Store a new iteration's batch together with the transitions decided for it, atomically, and index
+        the iteration as the latest to serve each of its sample ids (unless a later one already did).
+
+        ``samples_json`` is ``row.samples`` already encoded, when the caller has it.
+        """
+        self.record_iterations([(row, transitions, samples_json)])
+
+    def record_iterations(self, entries: Sequence[tuple[IterationRow, Sequence[TransitionRecord], str | None]]) -> None:
+        """:meth:`record_iteration` for several iterations (in the order given) in one transaction: one
+        commit instead of one each."""
+        now = time.time()
+        with self._tx():
+            for row, transitions, samples_json in entries:
+                self._db.defer(
+                    "INSERT INTO iterations (iteration, batch_size, stage, samples, created_at) VALUES (?, ?, ?, ?, ?)",
+                    (row.iteration, row.batch_size, row.stage, samples_json or json.dumps(row.samples), now),
+                )
+                served = sorted({s["sample_id"] for s in row.samples})
+                for part in _parts(served, _ROWS_PER_STATEMENT):
+                    values, params = self._db.rows(("text", "bigint"), [(sid, row.iteration) for sid in part])
+                    self._db.defer(
+                        f"INSERT INTO served (sample_id, iteration) {values} ON CONFLICT (sample_id) DO UPDATE"
+                        " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
+                        params,
+                    )
+                self._insert_transitions(transitions, now)
+                if row.decision is not None:
+                    self._record_decision(row.iteration, row.stage, row.decision)
+
+    def _record_decision(self, iteration: int, stage: int, decision: DecisionRow) -> None:
+        self._db.defer(
+            "INSERT INTO decisions (iteration, stage, sampler, state, detail) VALUES (?, ?, ?, ?, ?)",
+            (iteration, stage, decision.sampler, json.dumps(decision.state), json.dumps(decision.detail)),
+        )
+        for part in _parts(list(decision.served), _ROWS_PER_STATEMENT):
+            rows, params = self._db.rows(("text", "bigint", "bigint"), part)
+            self._db.defer(
+                f"INSERT INTO items (source, key, served_epoch) {rows}"
+                " ON CONFLICT (source, key) DO UPDATE SET served_epoch = excluded.served_epoch",
+                params,
+            )
+
+    def adopt_transitions(self, transitions: Sequence[TransitionRecord], decided_through: int | None) -> None:
+        """Record transitions decided by another run, and how far that run had decided (see
+        :class:`~proctor.server.curriculum.engine.StageSchedule`), atomically."""
+        now = time.time()
+        with self._tx():
+            self._insert_transitions(transitions, now)
+            current = self.decided_through()
+            if decided_through is not None and (current is None or decided_through > current):
+                self._db.execute(
+                    "INSERT INTO meta (key, value) VALUES ('decided_through', ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (str(decided_through),),
+                )
+
+    def _insert_transitions(self, transitions: Sequence[TransitionRecord], now: float) -> None:
+        for t in transitions:
+            self._db.defer(
+                "INSERT INTO transitions (iteration, from_stage, to_stage, reason, rolling_reward, rolling_count,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (t.iteration, t.from_stage, t.to_stage, t.reason, t.rolling_reward, t.rolling_count, now),
+            )
+
+    def decided_through(self) -> int | None:
+        """The last iteration whose stage an adopted run decided; None when none was adopted."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'decided_through'").fetchone()
+        return None if row is None else int(row[0])
+
+    def last_iteration(self) -> int | None:
+        value = self._db.execute("SELECT MAX(iteration) FROM iterations").fetchone()[0]
+        return None if value is None else int(value)
+
+    def transitions(self) -> list[TransitionRecord]:
+        rows = self._db.execute(
+            "SELECT iteration, from_stage, to_stage, reason, rolling_reward, rolling_count FROM transitions "
+            "ORDER BY seq"
+        ).fetchall()
+        return [TransitionRecord(*r) for r in rows]
+
+    def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]:
+        """The latest iteration that served each id (ids never served are absent)."""
+        out: dict[str, int] = {}
+        for part in _parts(sorted(set(sample_ids)), _KEYS_PER_STATEMENT):
+            marks = ",".join("?" * len(part))
+            for sid, iteration in self._reader.execute(
+                f"SELECT sample_id, iteration FROM served WHERE sample_id IN ({marks})", part
+            ):
+                out[sid] = int(iteration)
+        return out
