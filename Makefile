@@ -70,10 +70,10 @@ test: system-packages $(VENV)/.dev-installed lint typecheck docs
 	$(BIN)/python -m pytest
 	$(BIN)/python -m pytest --database postgresql $(POSTGRESQL_SUITES)
 
-# pytest without the slowest tests (marked e2e: server processes, a Docker engine, a browser), for the edit-test
-# loop; `make test` runs them all.
+# pytest without the slowest tests (marked e2e: server processes, a Docker engine, a browser), in a process per
+# core (pytest-xdist), for the edit-test loop; `make test` runs them all, in one process.
 test-fast: $(VENV)/.dev-installed
-	$(BIN)/python -m pytest -m "not e2e"
+	$(BIN)/python -m pytest -m "not e2e" -n auto
 
 # A dataserver on curricula/arithmetic.yaml and GRPO on a tiny offline model across its first stage boundary.
 demo: $(VENV)/.train-installed

@@ -39,5 +39,6 @@ def experience(
         finally:
             store.close()
         return
-    with live_server(state=str(experience_path)) as url, ExperienceClient(url) as client:
+    # No grader processes: these tests drive the store itself, and nothing here grades.
+    with live_server(state=str(experience_path), grader_workers=0) as url, ExperienceClient(url) as client:
         yield client
