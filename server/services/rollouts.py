@@ -96,21 +96,30 @@ class Graded:
 class Written:
     """Where :meth:`Rollouts.write_graded` put each completion (``(table, slot, index)``, in the order given),
     which of those rows it collected the rewards of (the others another holder of the grader role held), and
-    the grades it stored, in slices (see :class:`Recorded`)."""
+    the grades a concurrent request had stored first, which are not counted again."""
+
+    rows: list[tuple[int, int, int]]
+    collected: set[tuple[int, int, int]]
+    raced: set[GradeKey]
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """What one transaction of graded completions wrote: :class:`Written`'s rows and collected rows for all its
+    completions, and the grades it stored, in slices (see :class:`Recorded`)."""
 
     rows: list[tuple[int, int, int]]
     collected: set[tuple[int, int, int]]
     parts: list[tuple[list[GradeRow], StoredGrades]]
 
-    @property
-    def raced(self) -> set[GradeKey]:
-        """The grades that a concurrent request had stored first, and so are not counted again."""
-        return {
-            row.key
-            for rows, stored in self.parts
-            for row, outcome in zip(rows, stored.outcomes, strict=True)
-            if outcome == "exists"
-        }
+
+@dataclass(frozen=True, slots=True)
+class _GradedWrite:
+    """A :meth:`Rollouts.write_graded` call waiting for its transaction."""
+
+    graded: Sequence[Graded]
+    lease_s: float
+    done: asyncio.Future[Written]
 
 
 class Rollouts:
@@ -131,6 +140,8 @@ class Rollouts:
         # Per table of loose completions: the slots holding each (step, sample_id, step_slot). Used on the
         # store's thread only; rebuilt from the table after a restart.
         self._loose: dict[int, dict[tuple[int, str, int], list[int]]] = {}
+        self._graded_writes: list[_GradedWrite] = []
+        self._graded_writer: asyncio.Task[None] | None = None
         ctx.storage.join(_SampledTables(self))
 
     async def sample(self, req: wire.SampleRequest) -> bytes:
@@ -141,10 +152,11 @@ class Rollouts:
         return body
 
     async def close(self) -> None:
-        """Finish opening the steps sampled last."""
-        if self._opener is not None:
-            with contextlib.suppress(Exception):
-                await self._opener
+        """Finish opening the steps sampled last, and writing the graded completions queued."""
+        for task in (self._opener, self._graded_writer):
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    await task
 
     async def _open_step(self, iteration: int) -> None:
         """Open the table of a step sampled without it (by an earlier run, or refused when it was sampled; a
@@ -217,14 +229,70 @@ class Rollouts:
         """Write completions the caller graded, with their rewards and grades, in one store call and one
         transaction: each to its row, leased to the caller as the grader role and collected at once (so that
         the role elsewhere never takes it), the grades stored and folded into the records' statistics. A row
-        another holder of the role had leased first is left to it (see :meth:`rewards`)."""
+        another holder of the role had leased first is left to it (see :meth:`rewards`).
+
+        Calls made while the store's thread writes are queued, and the next transaction writes those whose
+        completions are distinct together. When the store refuses such a transaction (a completion index
+        beyond its group, a cell written before with another value), each of its calls is written again on its
+        own, so that only the call at fault fails and nothing of it is kept."""
+        done: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(_retrieved)
+        self._graded_writes.append(_GradedWrite(graded, lease_s, done))
+        if self._graded_writer is None or self._graded_writer.done():
+            self._graded_writer = asyncio.create_task(self._write_queued(), name="write-graded")
+        # A cancelled request leaves its completions to be written: the transaction may have begun already.
+        return await asyncio.shield(done)
+
+    async def _write_queued(self) -> None:
+        while self._graded_writes:
+            group: list[_GradedWrite] = []
+            later: list[_GradedWrite] = []
+            keys: set[GradeKey] = set()
+            for call in self._graded_writes:
+                own = {g.grade.key for g in call.graded}
+                if group and (own & keys or call.lease_s != group[0].lease_s):
+                    later.append(call)  # a repeat of a queued completion is written after it, and finds it stored
+                    continue
+                group.append(call)
+                keys |= own
+            self._graded_writes = later
+            try:
+                await self._write_together(group)
+            except BaseException as exc:  # cancelled: nothing waits for the rest either
+                for call in (*group, *self._graded_writes):
+                    if not call.done.done():
+                        call.done.set_exception(exc)
+                self._graded_writes = []
+                raise
+
+    async def _write_together(self, group: Sequence[_GradedWrite]) -> None:
         x = self.experience
+        graded = [g for call in group for g in call.graded]
         names = self._stage_names([g.completion for g in graded])
-        written = await x.call(_write_graded, x.store, x.state, self._loose, graded, names, lease_s)
-        await self._count(written.parts)
-        for table in sorted({table for table, _, _ in written.collected}):
+        try:
+            stored = await x.call(_write_graded, x.store, x.state, self._loose, graded, names, group[0].lease_s)
+        except Exception as exc:
+            if len(group) == 1:
+                group[0].done.set_exception(exc)
+                return
+            for call in group:
+                await self._write_together([call])
+            return
+        await self._count(stored.parts)
+        for table in sorted({table for table, _, _ in stored.collected}):
             await self._signal(table).notify()
-        return written
+        raced = {
+            row.key
+            for rows, grades in stored.parts
+            for row, outcome in zip(rows, grades.outcomes, strict=True)
+            if outcome == "exists"
+        }
+        start = 0
+        for call in group:
+            rows = stored.rows[start : start + len(call.graded)]
+            start += len(call.graded)
+            own = {g.grade.key for g in call.graded}
+            call.done.set_result(Written(rows, {r for r in rows if r in stored.collected}, raced & own))
 
     def _stage_names(self, completions: Sequence[Completion]) -> dict[int, str]:
         stages = {c.step: self.ctx.progress.stage_of(c.step) for c in completions}
@@ -456,7 +524,7 @@ def reference(record: Record) -> dict[str, Any]:
     return {"answer": record.answer, "metadata": dict(record.metadata)}
 
 
-def _retrieved(future: asyncio.Future[None]) -> None:
+def _retrieved(future: asyncio.Future[Any]) -> None:
     """Mark a future's exception as seen: its waiter may have gone (a cancelled request)."""
     if not future.cancelled():
         future.exception()
@@ -580,7 +648,7 @@ def _write_graded(
     graded: Sequence[Graded],
     stage_names: Mapping[int, str],
     lease_s: float,
-) -> Written:
+) -> _Stored:
     """:meth:`Rollouts.write_graded` on the store's thread: the completions placed, their rows leased to the
     grader role and collected with their rewards, their grades stored, in one transaction."""
     completions = [g.completion for g in graded]
@@ -606,7 +674,7 @@ def _write_graded(
                 grades.extend(g.grade for g in mine)
                 collected.update((table, slot, index) for slot, index in lease.rows)
             # All the grades in one store of them: it costs about the same for one row as for a few hundred.
-            return Written(rows, collected, _store_grades(state, grades))
+            return _Stored(rows, collected, _store_grades(state, grades))
     except BaseException:
         loose_slots.clear()  # slots the batch added were rolled back with it: read the tables again
         raise

@@ -8,6 +8,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,39 @@ def test_a_completion_index_beyond_the_group_size_is_refused_and_nothing_is_writ
             "completion's index among its prompt's completions, from 0"
         )
         assert "completion" not in experience.table(0).written
+
+
+def test_grades_posted_at_once_are_each_kept_once_and_a_refused_one_keeps_nothing(
+    live_server: Callable[..., Any], tmp_path: Path, state_target: Callable[[str], str]
+) -> None:
+    # Requests that arrive together are written in shared transactions: one that the store refuses must fail
+    # alone, and a request posted twice at once must be counted once.
+    state = state_target(str(tmp_path / "state.db"))
+    steps = 6
+    with live_server(state=state) as url, ExperienceClient(url) as experience:
+        bodies = []
+        for step in range(steps):
+            samples = sample(url, step)
+            experience.open(step, slots=BATCH, group_size=2)
+            items = [
+                {"sample_id": s["sample_id"], "slot": slot, "completion_index": k, "completion": f"{step} {k}"}
+                for slot, s in enumerate(samples)
+                for k in range(2)
+            ]
+            bodies.append((items, step))
+        bad = [dict(bodies[2][0][0], completion_index=2)]
+        posts = [*bodies, (bad, 2), bodies[4]]
+        with ThreadPoolExecutor(len(posts)) as pool:
+            answers = list(pool.map(lambda post: grade(url, post[0], iteration=post[1]), posts))
+        refused = answers[steps]
+        assert refused.status_code == 422
+        assert refused.json()["detail"].startswith("items[0].completion_index: 2 is not below the group size 2")
+        assert all(a.status_code == 200 for n, a in enumerate(answers) if n != steps), [a.text for a in answers]
+        repeat, first = ([r["reward"] for r in a.json()["results"]] for a in (answers[steps + 1], answers[4]))
+        assert repeat == first
+        for step in range(steps):
+            assert experience.table(step).written["reward"] == BATCH * 2
+    assert rows_in(state, "grades") == steps * BATCH * 2
 
 
 def test_a_completion_graded_with_an_error_is_graded_again_in_a_row_of_its_own(
