@@ -120,12 +120,14 @@ async def _run(
             await plain(conn)
 
     async def probe() -> list[float]:
-        await asyncio.sleep(0.5)  # let the load build up
-        prober = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench._probe", str(port), str(seconds), cwd=ROOT, stdout=asyncio.subprocess.PIPE
-        )
-        out, _ = await prober.communicate()
-        stop.set()
+        try:
+            await asyncio.sleep(0.5)  # let the load build up
+            prober = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bench._probe", str(port), str(seconds), cwd=ROOT, stdout=asyncio.subprocess.PIPE
+            )
+            out, _ = await prober.communicate()
+        finally:
+            stop.set()  # a probe that failed ends the load too, rather than leave it running
         return [float(s) for s in json.loads(out)]
 
     loaders = [await Connection.open(host, port) for _ in range(CONCURRENCY)]

@@ -13,6 +13,7 @@ The grader processes are the experience store's grader role (:mod:`proctor.serve
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import httpx
@@ -71,11 +72,8 @@ class Dataserver:
         """Open (or create) the state file, restore the curriculum's progress from it, start the graders."""
         adopt: Callable[[Store], None] | None = None
         if settings.transitions is not None:
-            history, source = read_history(settings.transitions, curriculum), str(settings.transitions)
-
-            def adopt(store: Store) -> None:
-                adopt_history(store, history, source=source)
-
+            history = read_history(settings.transitions, curriculum)
+            adopt = functools.partial(adopt_history, history=history, source=str(settings.transitions))
         storage = await AsyncStore.open(
             settings,
             curriculum=curriculum.name,

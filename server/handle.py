@@ -53,7 +53,7 @@ class DataserverHandle:
         *,
         retry_s: float,
         standby: Callable[[], Standby] | None,
-        metrics: Metrics | None = None,
+        metrics: Metrics,
     ) -> None:
         self._metrics = metrics
         self._server: Dataserver | None = None
@@ -73,7 +73,7 @@ class DataserverHandle:
         *,
         retry_s: float,
         standby: Callable[[], Standby] | None = None,
-        metrics: Metrics | None = None,
+        metrics: Metrics,
     ) -> DataserverHandle:
         """Open the dataserver; with ``standby``, stand by instead while another server holds the database.
         ``metrics``' ``proctor_serving`` follows which it does."""
@@ -127,8 +127,7 @@ class DataserverHandle:
             await self._forwarder.aclose()
 
     def _serve(self, server: Dataserver) -> None:
-        if self._metrics is not None:
-            self._metrics.serving.set(1)
+        self._metrics.serving.set(1)
         self._server = server
         self._failure = None
         self._serving_url = None
@@ -142,8 +141,7 @@ class DataserverHandle:
             return
         self._failure = server.ctx.storage.failure
         self._server = None
-        if self._metrics is not None:
-            self._metrics.serving.set(0)
+        self._metrics.serving.set(0)
         self._acquiring = asyncio.create_task(self._acquire(server))
 
     async def _look(self, standby: Callable[[], Standby], watch: Standby | None) -> tuple[bool, Standby | None]:

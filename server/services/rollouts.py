@@ -118,6 +118,7 @@ class _GradedWrite:
     """A :meth:`Rollouts.write_graded` call waiting for its transaction."""
 
     graded: Sequence[Graded]
+    keys: set[GradeKey]  # the graded completions' grade keys
     lease_s: float
     done: asyncio.Future[Written]
 
@@ -237,7 +238,7 @@ class Rollouts:
         own, so that only the call at fault fails and nothing of it is kept."""
         done: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
         done.add_done_callback(_retrieved)
-        self._graded_writes.append(_GradedWrite(graded, lease_s, done))
+        self._graded_writes.append(_GradedWrite(graded, {g.grade.key for g in graded}, lease_s, done))
         if self._graded_writer is None or self._graded_writer.done():
             self._graded_writer = asyncio.create_task(self._write_queued(), name="write-graded")
         # A cancelled request leaves its completions to be written: the transaction may have begun already.
@@ -249,12 +250,11 @@ class Rollouts:
             later: list[_GradedWrite] = []
             keys: set[GradeKey] = set()
             for call in self._graded_writes:
-                own = {g.grade.key for g in call.graded}
-                if group and (own & keys or call.lease_s != group[0].lease_s):
+                if group and (call.keys & keys or call.lease_s != group[0].lease_s):
                     later.append(call)  # a repeat of a queued completion is written after it, and finds it stored
                     continue
                 group.append(call)
-                keys |= own
+                keys |= call.keys
             self._graded_writes = later
             try:
                 await self._write_together(group)
@@ -291,8 +291,7 @@ class Rollouts:
         for call in group:
             rows = stored.rows[start : start + len(call.graded)]
             start += len(call.graded)
-            own = {g.grade.key for g in call.graded}
-            call.done.set_result(Written(rows, {r for r in rows if r in stored.collected}, raced & own))
+            call.done.set_result(Written(rows, {r for r in rows if r in stored.collected}, raced & call.keys))
 
     def _stage_names(self, completions: Sequence[Completion]) -> dict[int, str]:
         stages = {c.step: self.ctx.progress.stage_of(c.step) for c in completions}
