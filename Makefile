@@ -80,23 +80,16 @@ demo: $(VENV)/.train-installed
 	$(BIN)/proctor demo $(ARGS)
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check server client curricula cli batching experience tests bench
-	$(BIN)/ruff format --check server client curricula cli batching experience tests bench
+	$(BIN)/ruff check server client curricula cli tests bench
+	$(BIN)/ruff format --check server client curricula cli tests bench
 	$(BIN)/lint-imports --no-cache
 
 format: $(VENV)/.dev-installed
-	$(BIN)/ruff format server client curricula cli batching experience tests bench
-	$(BIN)/ruff check --fix server client curricula cli batching experience tests bench
+	$(BIN)/ruff format server client curricula cli tests bench
+	$(BIN)/ruff check --fix server client curricula cli tests bench
 
-# The source folders become proctor.server / proctor.client / proctor.cli (…) only when installed; mypy
-# cannot follow that mapping, so it checks a tree of symlinks with the installed names.
 typecheck: $(VENV)/.dev-installed
-	@mkdir -p build/typecheck/proctor
-	@for d in server client curricula cli batching experience; do ln -sfn ../../../$$d build/typecheck/proctor/$$d; done
-	@ln -sfn ../../bench build/typecheck/bench
-	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml \
-		-p proctor.server -p proctor.client -p proctor.curricula -p proctor.cli -p proctor.batching \
-		-p proctor.experience -p bench
+	$(BIN)/mypy -p proctor.server -p proctor.client -p proctor.experience -p proctor.batching -p proctor.cli -p bench
 
 # The documentation site (mkdocs.yml, docs/) into build/site; strict: a broken link or anchor fails it.
 # NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2, which says nothing about these pages.

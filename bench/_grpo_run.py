@@ -12,7 +12,7 @@ from trl import GRPOConfig  # type: ignore[attr-defined]
 from bench._timing import StepTimes
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
 from proctor.client.tiny import run_defaults
-from proctor.client.trainer import ProctorGRPOTrainer
+from proctor.client.training.trainer import ProctorGRPOTrainer
 
 __all__ = ["WARMUP", "train_steps"]
 

@@ -160,7 +160,7 @@ def run_variant(spec: dict[str, Any]) -> dict[str, Any]:
     from bench._timing import StepTimes
     from bench.grpo_step import batching_metrics, bench_trainer, phase_summary, spread
     from proctor.client.tiny import run_defaults
-    from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+    from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
     gpu = not spec["smoke"]
     torch.manual_seed(0)

@@ -380,7 +380,7 @@ def _run_variant(variant: str, model_dir: Path, out: Path) -> None:
 
     from bench._timing import StepTimes
     from proctor.client.tiny import run_defaults
-    from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+    from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
     torch.manual_seed(0)
     torch.set_num_threads(THREADS)

@@ -28,7 +28,7 @@ import yaml
 
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
-from proctor.client.train import build_parser, train
+from proctor.client.training.command import build_parser, train
 
 __all__ = ["main"]
 

@@ -33,10 +33,10 @@ from bench._timing import StepTimes
 from proctor.cli.launcher import ServerProcess
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
 from proctor.client.tiny import build_tiny_model, run_defaults
-from proctor.curricula import builtin_path
 from proctor.server.curriculum.loader import load_curriculum
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.builtin import numeric
+from proctor.server.shipped import builtin_path
 from proctor.server.sources.base import SampleId
 
 STEPS = 30

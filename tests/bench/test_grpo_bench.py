@@ -15,7 +15,7 @@ from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 from bench import grpo_gpu
 from bench.grpo_step import ForceLengths, bench_trainer, deal, long_tail_lengths, phase_summary, spread
 from proctor.client.tiny import build_tiny_model, run_defaults
-from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
 
 def test_long_tail_lengths_are_a_fixed_multiset_with_one_row_in_eight_near_the_maximum() -> None:

@@ -157,7 +157,7 @@ def test_train_without_the_train_extra_says_how_to_install_it() -> None:
 
 
 def test_another_import_error_is_not_blamed_on_the_extra() -> None:
-    run = _train_without("proctor.client.trainer")
+    run = _train_without("proctor.client.training.trainer")
     assert run.returncode == 1
     assert "ModuleNotFoundError" in run.stderr
     assert "train extra" not in run.stderr

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from proctor.cli.main import build_parser
-from proctor.client.train import build_parser as train_parser
+from proctor.client.training.command import build_parser as train_parser
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:

@@ -13,9 +13,9 @@ import torch
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from proctor.client.packing import keeps_packed_sequences_apart
 from proctor.client.tiny import run_defaults
-from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+from proctor.client.training.packing import keeps_packed_sequences_apart
+from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

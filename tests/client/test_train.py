@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from proctor.client.train import StepReporter, build_parser, config_from_args, main, train
+from proctor.client.training.command import StepReporter, build_parser, config_from_args, main, train
 
 ROOT = Path(__file__).resolve().parents[2]
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens on the discard port: a run that got there would fail

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from proctor.client.tiny import run_defaults
-from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

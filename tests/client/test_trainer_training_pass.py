@@ -15,7 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from proctor.batching.dynamic import plan_dynamic_batches
 from proctor.client.tiny import run_defaults
-from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

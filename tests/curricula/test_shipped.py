@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from proctor.curricula import builtin_curricula, builtin_path
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.compose import weighted_reward
 from proctor.server.grading.registry import SourceGraders, load_callable
+from proctor.server.shipped import builtin_curricula, builtin_path
 from proctor.server.sources.base import Record, Source
 
 SHIPPED = builtin_curricula()
@@ -140,7 +140,7 @@ _WITHOUT_REASONING_GYM = textwrap.dedent(
     """
     import json, sys
     import yaml
-    from proctor.curricula import builtin_path
+    from proctor.server.shipped import builtin_path
     from proctor.server.curriculum.loader import load_curriculum
     from proctor.server.spec import CurriculumError, parse_spec
 

@@ -135,11 +135,11 @@ def test_the_image_serves_the_default_curriculum_as_a_non_root_user() -> None:
 
 
 def test_the_image_copies_every_installed_folder() -> None:
-    # `pip install .` in the image installs the folders pyproject.toml maps onto proctor.*; a folder left out of
-    # the image (cli/, which holds the `proctor` command) would make the build fail.
+    # `pip install .` in the image installs the packages pyproject.toml finds in the source roots; a root left out
+    # of the image (cli/, which holds the `proctor` command) would make the build fail.
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    folders = set(pyproject["tool"]["setuptools"]["package-dir"].values())
-    assert "cli" in folders
+    folders = {path.split("/")[0] for path in pyproject["tool"]["setuptools"]["package-dir"].values()}
+    assert folders == {"server", "client", "cli", "curricula"}
     text = (DOCKER / "Dockerfile").read_text()
     for folder in sorted(folders):
         assert f"COPY {folder} ./{folder}" in text, folder

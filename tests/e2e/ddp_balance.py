@@ -22,7 +22,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from proctor.client.tiny import run_defaults
-from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
 # Completion lengths of each process's four rows: a long tail on process 0.
 LENGTHS = {0: [40, 3, 28, 2], 1: [2, 3, 4, 2]}

@@ -20,7 +20,7 @@ from proctor.cli.launcher import ServerProcess
 from proctor.client import ProctorClient, RemoteRLDataset
 from proctor.client.rewards import RemoteReward
 from proctor.client.tiny import run_defaults
-from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 
 pytestmark = pytest.mark.e2e
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from proctor.curricula import builtin_path
 from proctor.server.settings import Settings, SettingsError, load_settings
+from proctor.server.shipped import builtin_path
 
 
 def test_defaults() -> None:

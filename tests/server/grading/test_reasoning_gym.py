@@ -14,10 +14,10 @@ import pytest
 import reasoning_gym as rg
 import yaml
 
-from proctor.curricula import builtin_path
 from proctor.server.curriculum.loader import load_curriculum
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.builtin import BUILTIN_GRADERS, reasoning_gym
+from proctor.server.shipped import builtin_path
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.sources.registry import build_source
 from proctor.server.spec import ReasoningGymSourceSpec, parse_spec

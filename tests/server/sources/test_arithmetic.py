@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proctor.curricula import builtin_path
 from proctor.server.curriculum.loader import load_curriculum
+from proctor.server.shipped import builtin_path
 from proctor.server.sources.arithmetic import ArithmeticSource
 from proctor.server.sources.base import SampleId
 from proctor.server.sources.registry import build_source

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from proctor.curricula import builtin_path
 from proctor.server.curriculum.loader import load_curriculum
+from proctor.server.shipped import builtin_path
 from proctor.server.sources.base import SampleId, Source
 from proctor.server.sources.files import SourceDataError
 from proctor.server.sources.registry import build_source

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from proctor.curricula import builtin_curricula, builtin_path
 from proctor.experience.database import is_postgresql
 from proctor.server.curriculum.engine import StageSchedule
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
@@ -18,6 +17,7 @@ from proctor.server.exceptions import ProctorError
 from proctor.server.logs import configure_logging
 from proctor.server.services.history import adopt_history, read_history
 from proctor.server.settings import load_settings
+from proctor.server.shipped import builtin_curricula, builtin_path
 from proctor.server.store import Standby, StateInUseError, StateUnreachableError, Store, redacted
 
 __all__ = ["curriculum_path", "preview", "serve", "validate"]

@@ -3,7 +3,7 @@
     proctor train --server http://127.0.0.1:8000 --model Qwen/Qwen2.5-0.5B-Instruct --max-steps 200
     proctor train --model tiny            # a tiny model built offline (no hub), for trying things on a CPU
 
-The trainer is ``ProctorGRPOTrainer`` (``proctor.client.trainer``): TRL's ``GRPOTrainer`` with the rollout's
+The trainer is ``ProctorGRPOTrainer`` (``proctor.client.training.trainer``): TRL's ``GRPOTrainer`` with the rollout's
 passes batched by rows or by token budget, as the ``--rollout-micro-batch-size`` / ``--max-tokens-per-microbatch-*``
 flags say. Prompts come from the server's curriculum (``RemoteRLDataset``) and rewards from its graders
 (``remote_reward``); each step prints the curriculum stage, the mean reward and, when passes are packed by
@@ -36,7 +36,7 @@ from proctor.client.errors import (
 from proctor.client.http import ProctorClient
 from proctor.client.rewards import remote_reward
 from proctor.client.tiny import build_tiny_model, run_defaults
-from proctor.client.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
 from proctor.server.protocol import Meta
 
 __all__ = ["StepReporter", "build_parser", "config_from_args", "main", "quiet_libraries", "refusal", "train"]

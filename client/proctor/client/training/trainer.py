@@ -19,10 +19,10 @@ pass to cut it into whole chunks; left unset, ``steps_per_generation`` is derive
 (:func:`proctor.batching.vocabulary.derive_generation_sizes`).
 
 Packed micro-batches run padding-free (rows back to back, position ids restarting) where the model's attention
-keeps packed sequences apart (:mod:`proctor.client.packing`), and otherwise as ``rows × width`` rectangles, each
-row's real tokens right-aligned; either way within the token budget, the per-token results scattered back into
-the ``(batch, completion_length)`` layout TRL expects. Results equal stock TRL's within floating-point noise
-(RoPE is shift-invariant; measured ≤ 1e-5 in fp32).
+keeps packed sequences apart (:mod:`proctor.client.training.packing`), and otherwise as ``rows × width``
+rectangles, each row's real tokens right-aligned; either way within the token budget, the per-token results
+scattered back into the ``(batch, completion_length)`` layout TRL expects. Results equal stock TRL's within
+floating-point noise (RoPE is shift-invariant; measured ≤ 1e-5 in fp32).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 from proctor.batching.dynamic import plan_dynamic_batches
 from proctor.batching.lcm import chunk_slices
 from proctor.batching.vocabulary import GenerationSizes, derive_generation_sizes
-from proctor.client.packing import keeps_packed_sequences_apart
 from proctor.client.rewards import RemoteReward
+from proctor.client.training.packing import keeps_packed_sequences_apart
 
 __all__ = ["BatchingLog", "LogpsCall", "ProctorGRPOConfig", "ProctorGRPOTrainer"]
 

@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 
 from proctor.cli.launcher import ServerProcess
-from proctor.client.train import build_parser, train
-from proctor.curricula import builtin_path
+from proctor.client.training.command import build_parser, train
+from proctor.server.shipped import builtin_path
 
 __all__ = ["demo"]
 

@@ -14,9 +14,9 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from proctor.curricula import builtin_path
 from proctor.server.exceptions import ProctorError
 from proctor.server.protocol import MAX_ITERATION
+from proctor.server.shipped import builtin_path
 
 __all__ = ["Settings", "SettingsError", "default_workers", "load_settings"]
 

@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
         try:
-            from proctor.client.train import main as train_main
+            from proctor.client.training.command import main as train_main
         except ImportError as exc:
             return _needs_train_extra("train", exc)
         return train_main(argv[1:])
