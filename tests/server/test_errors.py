@@ -1,4 +1,4 @@
-"""The server's exception hierarchy: one root, and the HTTP errors under it."""
+"""The server's exception hierarchy: one root, the refusals under it, and the HTTP layer's status for each."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import inspect
 import pkgutil
 
 import proctor.server
-from proctor.server.exceptions import ConflictError, InvalidRequestError, ProctorError, RequestError, UnavailableError
+from proctor.errors import ProctorError
+from proctor.server.errors import status_of
+from proctor.server.exceptions import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    RequestError,
+    UnavailableError,
+)
 
 
 def server_exceptions() -> dict[str, type[Exception]]:
@@ -30,8 +38,10 @@ def test_every_server_exception_derives_from_the_root() -> None:
     assert not outside, f"derive these from proctor.server.exceptions.ProctorError: {outside}"
 
 
-def test_the_http_errors_carry_their_status() -> None:
-    assert [c.status_code for c in (InvalidRequestError, ConflictError, UnavailableError)] == [422, 409, 503]
+def test_the_http_layer_gives_each_refusal_its_status() -> None:
+    errors = [InvalidRequestError("n", "bad"), NotFoundError("gone"), ConflictError("taken"), UnavailableError("down")]
+    assert [status_of(e) for e in errors] == [422, 404, 409, 503]
+    assert status_of(RequestError("wrong")) == 400
     for cls in (InvalidRequestError, ConflictError, UnavailableError):
         assert issubclass(cls, RequestError)
     error = InvalidRequestError("batch_size", "must be at least 1")
@@ -54,3 +64,14 @@ def test_the_domain_errors_keep_the_builtin_class_their_callers_catch() -> None:
     assert issubclass(StateMismatchError, RuntimeError)
     # The HTTP errors are not configuration errors: a handler for those does not catch them.
     assert not issubclass(RequestError, ValueError)
+
+
+def test_one_except_clause_catches_every_side() -> None:
+    # A trainer catches the dataserver client's errors and the experience store's with one clause.
+    from proctor.client import DataserverError, TransportError
+    from proctor.experience import ExperienceError
+    from proctor.experience.errors import LeaseError
+
+    for cls in (DataserverError, TransportError, ExperienceError, LeaseError, RequestError):
+        assert issubclass(cls, ProctorError)
+    assert ProctorError.__module__ == "proctor.errors"

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 from typing import Literal
 
+from proctor.errors import ProctorError
 from proctor.experience.database import is_postgresql
 from proctor.server.curriculum.engine import StageSchedule
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.curriculum.mixing import Mixer, stage_runs
-from proctor.server.exceptions import ProctorError
 from proctor.server.logs import configure_logging
 from proctor.server.services.history import adopt_history, read_history
 from proctor.server.settings import load_settings

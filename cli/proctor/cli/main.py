@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proctor.cli.dataserver import preview, serve, validate
-from proctor.server.exceptions import ProctorError
+from proctor.errors import ProctorError
 
 __all__ = ["build_parser", "main"]
 

@@ -1,20 +1,24 @@
 """Exceptions raised by :class:`proctor.client.ProctorClient`.
 
-Every one carries the request that failed and, where the server answered, its ``detail``::
+Every one carries the request that failed and, where the server answered, its ``detail``. They derive from
+``proctor.errors.ProctorError``, as the experience store's errors (which ``ExperienceClient`` raises) do::
 
-    DataserverError
-    ├── TransportError        the server could not be reached (after the retries)
-    ├── NotReadyError         the server did not become ready in time
-    └── ServerError           the server answered with an error status
-        ├── RequestRejected   4xx: the request is wrong; retrying will not help
-        │   ├── Unauthorized  401: missing or wrong API key
-        │   └── Conflict      409: contradicts what the server recorded (e.g. another batch_size)
-        └── ServerFailure     5xx, or 429 (overloaded), after the retries
+    ProctorError
+    └── DataserverError
+        ├── TransportError        the server could not be reached (after the retries)
+        ├── NotReadyError         the server did not become ready in time
+        └── ServerError           the server answered with an error status
+            ├── RequestRejected   4xx: the request is wrong; retrying will not help
+            │   ├── Unauthorized  401: missing or wrong API key
+            │   └── Conflict      409: contradicts what the server recorded (e.g. another batch_size)
+            └── ServerFailure     5xx, or 429 (overloaded), after the retries
 """
 
 from __future__ import annotations
 
 import httpx
+
+from proctor.errors import ProctorError
 
 __all__ = [
     "Conflict",
@@ -29,7 +33,7 @@ __all__ = [
 ]
 
 
-class DataserverError(Exception):
+class DataserverError(ProctorError):
     """Base class: something went wrong talking to the dataserver."""
 
     def __init__(self, message: str, *, request: httpx.Request | None = None) -> None:

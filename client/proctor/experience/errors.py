@@ -1,10 +1,13 @@
 """The experience store's exceptions: one root, and a class per outcome a caller handles differently.
 
-The in-process store raises them directly; over HTTP the dataserver answers with their status and ``code``,
-and the experience client raises the same class again, so code written against one face works against the other.
+The in-process store raises them directly; over HTTP the dataserver answers with their ``code`` (and a status
+its HTTP layer chooses), and the experience client raises the same class again, so code written against one face
+works against the other. The root derives from ``proctor.errors.ProctorError``, as every error of proctor does.
 """
 
 from __future__ import annotations
+
+from proctor.errors import ProctorError
 
 __all__ = [
     "CellConflictError",
@@ -19,11 +22,10 @@ __all__ = [
 ]
 
 
-class ExperienceError(Exception):
-    """Every error of the experience store. ``code`` names the class on the wire; ``status`` is its HTTP status."""
+class ExperienceError(ProctorError):
+    """Every error of the experience store. ``code`` names the class on the wire."""
 
     code = "experience_error"
-    status = 400
 
     def __init__(self, message: str) -> None:
         self.message = message
@@ -34,10 +36,10 @@ class ExperienceInputError(ExperienceError, ValueError):
     """A value the store cannot accept: a row outside the table, a column of the wrong length, a bad name."""
 
     code = "invalid"
-    status = 422
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.reason = message
         super().__init__(f"{field}: {message}")
 
 
@@ -45,35 +47,30 @@ class UnknownIterationError(ExperienceError, LookupError):
     """The iteration has no table: it was never opened, or retention dropped it."""
 
     code = "unknown_iteration"
-    status = 404
 
 
 class UnknownConsumerError(ExperienceError, LookupError):
     """The consumer was never registered."""
 
     code = "unknown_consumer"
-    status = 404
 
 
 class ShapeConflictError(ExperienceError):
     """An iteration opened again with another shape, or a consumer registered again with other columns."""
 
     code = "shape_conflict"
-    status = 409
 
 
 class CellConflictError(ExperienceError):
     """A cell written again with a different value: each column is written once per row."""
 
     code = "cell_conflict"
-    status = 409
 
 
 class CellsMissingError(ExperienceError):
     """A read by index of cells that are not written yet (reads by index never wait)."""
 
     code = "cells_missing"
-    status = 409
 
 
 class LeaseError(ExperienceError):
@@ -81,7 +78,6 @@ class LeaseError(ExperienceError):
     other values."""
 
     code = "lease"
-    status = 409
 
 
 _BY_CODE: dict[str, type[ExperienceError]] = {

@@ -13,7 +13,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from proctor.server.exceptions import RequestError
+from proctor.server.exceptions import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    RequestError,
+    UnavailableError,
+)
 
 __all__ = [
     "ErrorBody",
@@ -21,7 +27,22 @@ __all__ = [
     "ValidationIssue",
     "error_responses",
     "install_error_handlers",
+    "status_of",
 ]
+
+# The one place a refused request's class becomes an HTTP status; a subclass answers as its nearest listed base.
+_STATUS: dict[type[RequestError], int] = {
+    RequestError: 400,
+    InvalidRequestError: 422,
+    NotFoundError: 404,
+    ConflictError: 409,
+    UnavailableError: 503,
+}
+
+
+def status_of(error: RequestError) -> int:
+    """The HTTP status that answers ``error``."""
+    return next(_STATUS[cls] for cls in type(error).__mro__ if cls in _STATUS)
 
 
 class ErrorBody(BaseModel):
@@ -97,7 +118,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
         body = {"detail": exc.detail} if exc.code is None else {"detail": exc.detail, "code": exc.code}
-        return JSONResponse(body, status_code=exc.status_code)
+        return JSONResponse(body, status_code=status_of(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,60 +1,48 @@
 """The server's exception hierarchy, with no web framework import: the store, the curriculum spec and the
 settings raise from here without loading FastAPI.
 
-Every error the server raises derives from ``ProctorError``. ``RequestError`` and its subclasses carry an HTTP
-status and a message for the client; ``proctor.server.errors`` turns them into answers. The others are
+Every error the server raises derives from ``ProctorError`` (``proctor.errors``, the root the client's and the
+experience store's errors share). ``RequestError`` and its subclasses carry a message for the client; the HTTP
+layer (``proctor.server.errors``) chooses each one's status and turns it into an answer. The others are
 configuration or data errors raised at start-up or by ``proctor validate`` (each also derives from the built-in
 class its callers catch, e.g. ``CurriculumError`` is a ``ValueError``).
 """
 
 from __future__ import annotations
 
+from proctor.errors import ProctorError
+
 __all__ = ["ConflictError", "InvalidRequestError", "NotFoundError", "ProctorError", "RequestError", "UnavailableError"]
 
 
-class ProctorError(Exception):
-    """Every error the server raises."""
-
-
 class RequestError(ProctorError):
-    """An error with an HTTP status and a message for the client; ``code``, when set, names the error's class
+    """A request the server refuses, with a message for the client; ``code``, when set, names the error's class
     for a client that raises it again (the experience store's errors)."""
 
-    status_code = 400
     code: str | None = None
 
-    def __init__(self, detail: str, *, status_code: int | None = None, code: str | None = None) -> None:
+    def __init__(self, detail: str, *, code: str | None = None) -> None:
         self.detail = detail
-        if status_code is not None:
-            self.status_code = status_code
         if code is not None:
             self.code = code
         super().__init__(detail)
 
 
 class InvalidRequestError(RequestError):
-    """A well-formed request whose values the server cannot accept (422)."""
+    """A well-formed request whose values the server cannot accept."""
 
-    status_code = 422
-
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, *, code: str | None = None) -> None:
         self.field = field
-        super().__init__(f"{field}: {message}")
+        super().__init__(f"{field}: {message}", code=code)
 
 
 class NotFoundError(RequestError):
-    """A request for something the server does not have (404)."""
-
-    status_code = 404
+    """A request for something the server does not have."""
 
 
 class ConflictError(RequestError):
-    """A request that contradicts what the server already recorded (409)."""
-
-    status_code = 409
+    """A request that contradicts what the server already recorded."""
 
 
 class UnavailableError(RequestError):
-    """The server cannot serve safely any more, e.g. its state file stopped accepting writes (503)."""
-
-    status_code = 503
+    """The server cannot serve safely any more, e.g. its state file stopped accepting writes."""

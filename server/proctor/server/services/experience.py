@@ -4,8 +4,8 @@ The store keeps its tables in the server's state file, on the state's own writer
 (:class:`~proctor.server.storage.AsyncStore`): a call's work grows with its rows (encoding, SQLite), and none
 of it may hold the event loop; and a call can write the store's cells and the state's grades in one
 transaction (:meth:`AsyncExperienceStore.call` with the state's :class:`~proctor.server.store.Store`). The store's
-errors become answers with their status and ``code``; a failed write of the file stops the server, as the
-state's own writes do.
+errors become the server's refusals of the same kind, keeping their ``code``; a failed write of the file stops
+the server, as the state's own writes do.
 """
 
 from __future__ import annotations
@@ -14,15 +14,42 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from proctor.experience import ExperienceError, ExperienceStore
-from proctor.server.exceptions import RequestError
+from proctor.experience.errors import (
+    CellConflictError,
+    CellsMissingError,
+    ExperienceInputError,
+    LeaseError,
+    ShapeConflictError,
+    UnknownConsumerError,
+    UnknownIterationError,
+)
+from proctor.server.exceptions import ConflictError, InvalidRequestError, NotFoundError, RequestError
 from proctor.server.settings import Settings
 from proctor.server.storage import AsyncStore
 from proctor.server.store import Store
 
-__all__ = ["AsyncExperienceStore"]
+__all__ = ["AsyncExperienceStore", "refusal"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+# Each of the store's outcomes as the server's refusal of the same kind; the HTTP layer gives that its status.
+_REFUSALS: dict[type[ExperienceError], type[RequestError]] = {
+    UnknownIterationError: NotFoundError,
+    UnknownConsumerError: NotFoundError,
+    ShapeConflictError: ConflictError,
+    CellConflictError: ConflictError,
+    CellsMissingError: ConflictError,
+    LeaseError: ConflictError,
+}
+
+
+def refusal(error: ExperienceError) -> RequestError:
+    """The server's refusal for one of the store's errors, with the error's ``code``."""
+    if isinstance(error, ExperienceInputError):
+        return InvalidRequestError(error.field, error.reason, code=error.code)
+    kind = next((_REFUSALS[cls] for cls in type(error).__mro__ if cls in _REFUSALS), RequestError)
+    return kind(error.message, code=error.code)
 
 
 class AsyncExperienceStore:
@@ -52,4 +79,4 @@ class AsyncExperienceStore:
         try:
             return await self._storage.write(fn, *args, **kwargs)
         except ExperienceError as exc:
-            raise RequestError(exc.message, status_code=exc.status, code=exc.code) from exc
+            raise refusal(exc) from exc

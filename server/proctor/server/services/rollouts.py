@@ -40,7 +40,7 @@ from proctor.experience import columns as col
 from proctor.experience import wire as dw
 from proctor.server import protocol as wire
 from proctor.server.curriculum.loader import Curriculum
-from proctor.server.exceptions import RequestError, UnavailableError
+from proctor.server.exceptions import ConflictError, RequestError, UnavailableError
 from proctor.server.services.batches import ServedBatch
 from proctor.server.services.context import ServingContext
 from proctor.server.services.experience import AsyncExperienceStore
@@ -199,10 +199,9 @@ class Rollouts:
         """Open the step's table; for a step this server sampled, its prompt's columns are written."""
         served = await self.sampling.served(iteration) if iteration >= 0 else None
         if served is not None and served.batch_size != slots:
-            raise RequestError(
+            raise ConflictError(
                 f"iteration {iteration} was sampled with batch_size {served.batch_size}; open its table with "
                 f"slots={served.batch_size} (one slot per prompt of the step, across all ranks)",
-                status_code=409,
                 code=ShapeConflictError.code,
             )
         x = self.experience
