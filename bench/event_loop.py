@@ -23,8 +23,8 @@ from pathlib import Path
 from bench._http import Connection
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
-from proctor.server.protocol import MAX_ITERATION
 from proctor.server.settings import Settings
+from proctor.wire.dataserver import MAX_ITERATION
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = Settings.model_fields

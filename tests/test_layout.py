@@ -16,7 +16,7 @@ def imported_after(statement: str) -> set[str]:
 
 
 def test_the_wire_models_import_without_fastapi() -> None:
-    modules = imported_after("import proctor.server.protocol")
+    modules = imported_after("import proctor.wire.dataserver")
     assert "fastapi" not in modules
     assert "starlette" not in modules
 
@@ -43,6 +43,6 @@ def test_the_server_never_imports_the_client() -> None:
 
 def test_the_experience_store_imports_neither_side_nor_a_web_framework() -> None:
     # The server and the client both import proctor.experience (and proctor.batching): it must need neither of them.
-    modules = imported_after("import proctor.experience, proctor.experience.wire, proctor.batching.dynamic")
+    modules = imported_after("import proctor.experience, proctor.wire.experience, proctor.batching.dynamic")
     assert not {m for m in modules if m.startswith(("proctor.server", "proctor.client"))}
     assert not {"fastapi", "starlette", "torch"} & modules

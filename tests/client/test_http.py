@@ -24,7 +24,7 @@ from proctor.client.errors import (
     TransportError,
     Unauthorized,
 )
-from proctor.server.protocol import (
+from proctor.wire.dataserver import (
     CurriculumState,
     GradeItem,
     GradeResponse,

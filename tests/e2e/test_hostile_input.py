@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from proctor.cli.launcher import ServerProcess
-from proctor.server.protocol import MAX_COUNT, MAX_ITERATION
+from proctor.wire.dataserver import MAX_COUNT, MAX_ITERATION
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e

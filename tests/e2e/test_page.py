@@ -20,7 +20,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from proctor.server.protocol import (
+from proctor.server.routes import page
+from proctor.wire.dataserver import (
     Dashboard,
     GraderErrorEntry,
     IterationPoint,
@@ -28,7 +29,6 @@ from proctor.server.protocol import (
     StageState,
     Transition,
 )
-from proctor.server.routes import page
 from tests.conftest import serve_in_thread
 from tests.e2e.cdp import Browser, ChromiumMissing, find_chromium
 

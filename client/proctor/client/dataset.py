@@ -29,7 +29,7 @@ import datasets
 import pyarrow as pa
 
 from proctor.client.http import ProctorClient
-from proctor.server.protocol import Sample
+from proctor.wire.dataserver import Sample
 
 __all__ = ["GenerationLayout", "RemoteRLDataset"]
 

@@ -13,10 +13,10 @@ from pydantic import BaseModel, ValidationError
 
 from proctor.client.errors import DataserverError, ServerError
 from proctor.client.http import ProctorClient
-from proctor.experience import wire as dw
 from proctor.experience.errors import ExperienceError, ExperienceInputError, error_class
 from proctor.experience.store import Collected, Consumer, Consumption, Dispatch, RowKey, TableInfo
 from proctor.experience.values import Value, as_stored
+from proctor.wire import experience as dw
 
 __all__ = ["ExperienceClient"]
 

@@ -25,7 +25,7 @@ import httpx
 from pydantic import BaseModel
 
 from proctor.client.errors import DataserverError, NotReadyError, TransportError, error_for
-from proctor.server.protocol import (
+from proctor.wire.dataserver import (
     CurriculumState,
     GradeItem,
     GradeRequest,

@@ -30,7 +30,7 @@ from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
 from proctor.experience import CellConflictError, CellsMissingError, RowKey, UnknownIterationError
 from proctor.experience import columns as col
-from proctor.server.protocol import GradeItem
+from proctor.wire.dataserver import GradeItem
 
 if TYPE_CHECKING:
     from proctor.client.dataset import RemoteRLDataset

@@ -1,7 +1,7 @@
 """proctor's curriculum dataserver.
 
 Importing this package is cheap and pulls in neither FastAPI nor torch: the client imports the wire models
-from :mod:`proctor.server.protocol`. Build the service with :func:`proctor.server.app.create_app`.
+from :mod:`proctor.wire.dataserver`. Build the service with :func:`proctor.server.app.create_app`.
 """
 
 from importlib.metadata import PackageNotFoundError, version

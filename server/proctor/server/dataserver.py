@@ -19,7 +19,6 @@ from collections.abc import Callable
 import httpx
 
 from proctor.experience.columns import GRADER
-from proctor.server import protocol as wire
 from proctor.server.curriculum.adaptive import finite_sizes, item_tracking
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
@@ -44,6 +43,7 @@ from proctor.server.sources.base import SampleId
 from proctor.server.state.rows import StageTotals
 from proctor.server.storage import AsyncStore
 from proctor.server.store import Store
+from proctor.wire import dataserver as wire
 
 __all__ = ["Dataserver"]
 

@@ -21,13 +21,13 @@ import httpx
 from proctor.experience import LeaseError
 from proctor.experience import columns as col
 from proctor.experience.loop import ExperienceLike
-from proctor.server import protocol as wire
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.pool import GraderPool
 from proctor.server.grading.registry import LocalGrader, RemoteGrader, SourceGraders
 from proctor.server.metrics import Metrics
 from proctor.server.services.grade_rows import grade_rows
 from proctor.server.services.grader_role import LEASE_S, ROWS_PER_DISPATCH, renewing
+from proctor.wire import dataserver as wire
 
 __all__ = ["GradeWorker", "WorkerStats", "source_graders"]
 

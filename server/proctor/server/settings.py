@@ -15,8 +15,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proctor.server.exceptions import ProctorError
-from proctor.server.protocol import MAX_ITERATION
 from proctor.server.shipped import builtin_path
+from proctor.wire.dataserver import MAX_ITERATION
 
 __all__ = ["Settings", "SettingsError", "default_workers", "load_settings"]
 

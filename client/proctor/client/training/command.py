@@ -37,7 +37,7 @@ from proctor.client.http import ProctorClient
 from proctor.client.rewards import remote_reward
 from proctor.client.tiny import build_tiny_model, run_defaults
 from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
-from proctor.server.protocol import Meta
+from proctor.wire.dataserver import Meta
 
 __all__ = ["StepReporter", "build_parser", "config_from_args", "main", "quiet_libraries", "refusal", "train"]
 

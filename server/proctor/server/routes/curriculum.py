@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path
 
 from proctor.server.deps import DataserverDep
 from proctor.server.errors import error_responses
-from proctor.server.protocol import MAX_ITERATION, CurriculumState, Dashboard, Meta, StepStats
+from proctor.wire.dataserver import MAX_ITERATION, CurriculumState, Dashboard, Meta, StepStats
 
 router = APIRouter(tags=["curriculum"])
 

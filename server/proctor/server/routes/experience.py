@@ -11,10 +11,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from proctor.experience import ExperienceStore
-from proctor.experience import wire as dw
 from proctor.server.deps import DataserverDep, json_body
 from proctor.server.errors import error_responses
 from proctor.server.openapi import request_body
+from proctor.wire import experience as dw
 
 router = APIRouter(prefix="/experience", tags=["experience store"], responses=error_responses(400, 413, 415, 422, 503))
 

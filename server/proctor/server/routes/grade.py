@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from proctor.server.deps import DataserverDep, json_body
 from proctor.server.errors import error_responses
 from proctor.server.openapi import request_body
-from proctor.server.protocol import GradeRequest, GradeResponse, Graders
 from proctor.server.services import views
+from proctor.wire.dataserver import GradeRequest, GradeResponse, Graders
 
 router = APIRouter(tags=["data"])
 GradeRequestBody = Annotated[GradeRequest, Depends(json_body(GradeRequest))]

@@ -7,7 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proctor.server.deps import DataserverDep, MetricsDep
 from proctor.server.errors import error_responses
-from proctor.server.protocol import Health
+from proctor.wire.dataserver import Health
 
 health_router = APIRouter(tags=["ops"])
 # The paths of health_router: open without the API key, so that an orchestrator can probe the server.

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from proctor.server.deps import DataserverDep, json_body
 from proctor.server.errors import error_responses
 from proctor.server.openapi import request_body
-from proctor.server.protocol import SampleRequest, SampleResponse
+from proctor.wire.dataserver import SampleRequest, SampleResponse
 
 router = APIRouter(tags=["data"])
 SampleRequestBody = Annotated[SampleRequest, Depends(json_body(SampleRequest))]

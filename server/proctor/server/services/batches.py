@@ -49,7 +49,7 @@ class ServedBatch:
         return (b"[" + b",".join(self.samples) + b"]").decode()
 
     def response(self, rank: int | None, world_size: int | None) -> bytes:
-        """The JSON of :class:`~proctor.server.protocol.SampleResponse`: the whole batch, or a rank's
+        """The JSON of :class:`~proctor.wire.dataserver.SampleResponse`: the whole batch, or a rank's
         contiguous share of it. Joined from the encoded samples: a repeat costs a join, not a serialisation."""
         samples = self.samples
         if rank is not None and world_size is not None:

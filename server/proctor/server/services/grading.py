@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from proctor.experience import Value
 from proctor.experience import columns as col
-from proctor.server import protocol as wire
 from proctor.server.exceptions import InvalidRequestError
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.pacing import paced
@@ -29,6 +28,7 @@ from proctor.server.services.grader_role import LEASE_S, grading_time
 from proctor.server.services.rollouts import Completion, Graded, Rollouts, grade_key, reference
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow
+from proctor.wire import dataserver as wire
 
 __all__ = ["GradingService"]
 

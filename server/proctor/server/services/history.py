@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import ProctorError
-from proctor.server.protocol import CurriculumState
 from proctor.server.state.rows import TransitionRecord
 from proctor.server.store import Store
+from proctor.wire.dataserver import CurriculumState
 
 __all__ = ["HistoryError", "StageHistory", "adopt_history", "read_history"]
 

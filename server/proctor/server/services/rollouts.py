@@ -37,8 +37,6 @@ from proctor.experience import (
     Value,
 )
 from proctor.experience import columns as col
-from proctor.experience import wire as dw
-from proctor.server import protocol as wire
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import ConflictError, RequestError, UnavailableError
 from proctor.server.services.batches import ServedBatch
@@ -49,6 +47,8 @@ from proctor.server.services.sampling import SamplingService
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow, IterationRow, StoredGrades
 from proctor.server.store import Store
+from proctor.wire import dataserver as wire
+from proctor.wire import experience as dw
 
 __all__ = ["Completion", "Graded", "Recorded", "Rollouts", "Signal", "Written", "grade_key", "reference"]
 

@@ -12,13 +12,13 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from proctor.server import protocol as wire
 from proctor.server.curriculum.mixing import Mixer
 from proctor.server.exceptions import ConflictError, InvalidRequestError
 from proctor.server.pacing import paced
 from proctor.server.services.batches import SampleCache, ServedBatch, encode_sample
 from proctor.server.services.context import ServingContext
 from proctor.server.state.rows import IterationRow
+from proctor.wire import dataserver as wire
 
 __all__ = ["SamplingService"]
 
@@ -33,7 +33,7 @@ class SamplingService:
         self._pending: dict[int, tuple[ServedBatch, asyncio.Future[None]]] = {}
 
     async def sample(self, req: wire.SampleRequest) -> bytes:
-        """The JSON of :class:`~proctor.server.protocol.SampleResponse` for ``req.iteration`` (or the rank's
+        """The JSON of :class:`~proctor.wire.dataserver.SampleResponse` for ``req.iteration`` (or the rank's
         share of it), creating the batch on first request."""
         limit = self.ctx.settings.max_batch_size
         if req.batch_size > limit:

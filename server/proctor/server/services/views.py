@@ -7,11 +7,11 @@ import math
 from collections.abc import Mapping, Sequence
 
 from proctor.server import __version__
-from proctor.server import protocol as wire
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.settings import Settings
 from proctor.server.state.items import PASS_RATE_BINS, GroupState, ItemState
+from proctor.wire import dataserver as wire
 
 __all__ = ["curriculum_state", "dashboard", "graders", "meta", "step_stats"]
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from proctor.server.protocol import check_sample_id
+from proctor.wire.dataserver import check_sample_id
 
 __all__ = ["Record", "SampleId", "Source", "content_version"]
 
