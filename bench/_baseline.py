@@ -12,7 +12,8 @@ from pathlib import Path
 __all__ = ["BASELINE", "available", "checkout", "old_module"]
 
 ROOT = Path(__file__).resolve().parents[1]
-# The server before the grade path was reworked (fast math grader, per-chunk pool results, group commits).
+# The version that before-and-after figures are measured against: the server without the fast math grader,
+# per-chunk pool results and group commits.
 BASELINE = "522d337"
 
 

@@ -16,7 +16,7 @@ Usage::
     python -m bench memory_soak --iterations 20000 --batch-size 16
     python -m bench                                   # every benchmark; this one at ALL_BENCHMARKS_ARGS
 
-Sizes: on the 2-core machine it was written on, 10_000 × 512 soaked in 283 s at a steady 35 iterations/s, so
+Sizes: on a 2-core machine, 10_000 × 512 soaked in 283 s at a steady 35 iterations/s, so
 the full run (100_000 × 512) takes about 47 minutes and leaves a state file of roughly 17 GB in the temp
 directory (about 170 KB per iteration). That is too long for ``python -m bench`` (every benchmark in a row),
 which runs this one at ``ALL_BENCHMARKS_ARGS`` instead: a tenth of it, 10_000 iterations of 512

@@ -46,3 +46,13 @@ def test_the_experience_store_imports_neither_side_nor_a_web_framework() -> None
     modules = imported_after("import proctor.experience, proctor.wire.experience, proctor.batching.dynamic")
     assert not {m for m in modules if m.startswith(("proctor.server", "proctor.client"))}
     assert not {"fastapi", "starlette", "torch"} & modules
+
+
+def test_the_client_imports_without_the_deep_learning_stack() -> None:
+    # Everything proctor.client exports, its lazy names included; only proctor.client.training needs torch and TRL.
+    modules = imported_after(
+        "import proctor.client as c; [getattr(c, name) for name in c.__all__]; import proctor.client.training"
+    )
+    assert "proctor.client.dataset" in modules  # the lazy names were reached
+    assert not {"torch", "transformers", "trl", "accelerate"} & modules
+    assert not {m for m in modules if m.startswith("proctor.server")}

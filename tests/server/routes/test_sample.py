@@ -110,7 +110,7 @@ async def test_other_batch_size_for_a_sampled_iteration_is_409(client: httpx.Asy
         "zero-batch",
         "negative-batch",
         "batch-over-max",
-        "kolibrify-killer",
+        "huge-batch",
         "iteration-string",
         "iteration-float",
         "missing-iteration",
