@@ -70,8 +70,8 @@ test: system-packages $(VENV)/.dev-installed lint typecheck docs
 	$(BIN)/python -m pytest
 	$(BIN)/python -m pytest --database postgresql $(POSTGRESQL_SUITES)
 
-# pytest without the slowest tests (marked e2e: server processes, a Docker engine, a browser), in a process per
-# core (pytest-xdist), for the edit-test loop; `make test` runs them all, in one process.
+# pytest without the end-to-end tests (marked e2e: a real server, a whole training run, a Docker engine, a browser),
+# in a process per core (pytest-xdist), for the edit-test loop; `make test` runs them all, in one process.
 test-fast: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -m "not e2e" -n auto
 

@@ -177,6 +177,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# A test that runs a real server, as a process or as uvicorn in a thread, is end-to-end: make test-fast leaves it
+# out. So are those in tests/e2e/, and the experience store's HTTP face, whose every case starts a server.
+_REAL_SERVERS = {"live_server", "server_process"}
+_E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if (
+            _REAL_SERVERS & set(getattr(item, "fixturenames", ()))
+            or params.get("experience") == "http"
+            or _E2E in Path(item.path).parents
+        ):
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.fixture
 def database(request: pytest.FixtureRequest) -> str:
     """Where the servers this run of the tests starts keep their state: ``sqlite`` or ``postgresql``."""

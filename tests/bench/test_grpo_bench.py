@@ -102,6 +102,7 @@ def _train(model: Path, out: Path, variant: str, reward: Any = None) -> Any:
     return trainer
 
 
+@pytest.mark.e2e  # a whole GRPO run of the benchmark
 @pytest.mark.parametrize("variant", ["stock", "chunked", "dynamic"])
 def test_a_forced_run_realises_the_targets_and_measures_every_phase(tiny: Path, tmp_path: Path, variant: str) -> None:
     trainer = _train(tiny, tmp_path, variant)
@@ -125,6 +126,7 @@ def test_a_forced_run_realises_the_targets_and_measures_every_phase(tiny: Path, 
     assert all(p["peak_mib"] is None for p in phases.values())  # no GPU
 
 
+@pytest.mark.e2e  # a whole GRPO run of the benchmark
 def test_a_phase_that_raises_stays_named(tiny: Path, tmp_path: Path) -> None:
     def reward(**_: Any) -> list[float]:
         raise RuntimeError("the reward failed")
@@ -164,6 +166,7 @@ def test_the_gpu_script_refuses_to_run_without_cuda(monkeypatch: pytest.MonkeyPa
 
 
 # TRL 1.16 turns gradient checkpointing off for the no-grad passes through a name transformers 5.23 deprecates.
+@pytest.mark.e2e  # a whole GRPO run of the benchmark
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing_(en|dis)able` is deprecated:FutureWarning")
 def test_the_gpu_code_path_runs_on_the_cpu_and_tabulates(tmp_path: Path) -> None:
     model = grpo_gpu.build_model(tmp_path / "smoke", "smoke", vocab=1024, smoke=True)

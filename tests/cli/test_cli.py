@@ -147,6 +147,7 @@ def _train_without(module: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.e2e  # `proctor train` in a process of its own, which imports torch
 def test_train_without_the_train_extra_says_how_to_install_it() -> None:
     run = _train_without("torch")
     assert run.returncode == 2
@@ -156,6 +157,7 @@ def test_train_without_the_train_extra_says_how_to_install_it() -> None:
     )
 
 
+@pytest.mark.e2e  # `proctor train` in a process of its own, which imports torch
 def test_another_import_error_is_not_blamed_on_the_extra() -> None:
     run = _train_without("proctor.client.training.trainer")
     assert run.returncode == 1

@@ -252,6 +252,7 @@ def test_chunked_generation_gives_stock_completions(tiny_model: Path, tmp_path: 
 # --- training --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # a whole GRPO run
 def test_a_run_with_every_knob_trains(tiny_model: Path, tmp_path: Path) -> None:
     args = config(
         tmp_path,

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pytest
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from proctor.client.tiny import run_defaults
 from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer
+
+pytestmark = pytest.mark.e2e  # whole GRPO runs, checkpointed and resumed
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,13 @@ import httpx
 import pytest
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def client(open_client: Callable[..., Any]) -> AsyncIterator[httpx.AsyncClient]:
+    # These tests only sample: the server needs no grader process.
+    async with open_client(grader_workers=0) as c:
+        yield c
 
 
 async def sample(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
