@@ -378,7 +378,15 @@ def latency(iterations: int, warm_up: int, records: int) -> list[dict[str, Any]]
         for n, (name, sampler) in enumerate(LATENCY_SAMPLERS):
             path = Path(tmp, f"{n}.yaml")
             path.write_text(latency_curriculum(sampler, records))
-            args = [str(path), "--state", str(Path(tmp, f"{n}.db")), "--grader-workers", "1", "--log-level", "warning"]
+            args = [
+                str(path),
+                "--database-url",
+                str(Path(tmp, f"{n}.db")),
+                "--grader-workers",
+                "1",
+                "--log-level",
+                "warning",
+            ]
             server = stack.enter_context(ServerProcess(args, log=Path(tmp, f"{n}.log")))
             servers.append((name, server.port, load_curriculum(path).sources["arith"]))
         loads = asyncio.run(_drive(servers, iterations, warm_up))

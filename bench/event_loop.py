@@ -142,7 +142,7 @@ async def _measure(host: str, port: int, runs: int) -> list[Row]:
 
 def run(runs: int = 5) -> tuple[list[Row], dict[str, object]]:
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["curricula/arithmetic.yaml", "--state", str(Path(tmp) / "state.db"), "--log-level", "warning"]
+        args = ["curricula/arithmetic.yaml", "--database-url", str(Path(tmp) / "state.db"), "--log-level", "warning"]
         with ServerProcess(args, log=Path(tmp) / "server.log", cwd=ROOT) as server:
             rows = asyncio.run(_measure("127.0.0.1", server.port, runs))
     env: dict[str, object] = {"cpus": os.cpu_count(), "python": platform.python_version(), "runs": runs}

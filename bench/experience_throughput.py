@@ -75,7 +75,7 @@ def run(steps: int) -> list[dict[str, Any]]:
             finally:
                 experience.close()
         server = ServerProcess(
-            ["--state", str(Path(tmp, "server.db")), "--grader-workers", "0"],
+            ["--database-url", str(Path(tmp, "server.db")), "--grader-workers", "0"],
             log=Path(tmp, "server.log"),
             env={"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": str(2 * steps + 1)},
         ).start()

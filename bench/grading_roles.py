@@ -89,7 +89,7 @@ def scale_out(tmp: Path, curriculum: Path) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     keep = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": str(LOAD_STEPS)}
     local = ServerProcess(
-        [str(curriculum), "--state", str(tmp / "local.db"), "--grader-workers", str(PROCESSES)],
+        [str(curriculum), "--database-url", str(tmp / "local.db"), "--grader-workers", str(PROCESSES)],
         log=tmp / "local.log",
         env=keep,
     )
@@ -97,7 +97,7 @@ def scale_out(tmp: Path, curriculum: Path) -> list[dict[str, Any]]:
         results.append({"graders": f"the server's pool ({PROCESSES} processes)", "per_s": _graded_per_s(local.url, 0)})
     for count in (1, 2, 4):
         server = ServerProcess(
-            [str(curriculum), "--state", str(tmp / f"remote-{count}.db"), "--grader-workers", "0"],
+            [str(curriculum), "--database-url", str(tmp / f"remote-{count}.db"), "--grader-workers", "0"],
             log=tmp / f"remote-{count}.log",
             env=keep,
         )
@@ -138,7 +138,7 @@ def overlap(tmp: Path, curriculum: Path, steps: int, rounds: int) -> list[dict[s
             # A fresh server (state) per run: a step served before would be graded already.
             name = f"overlap-{n}-{through}"
             server = ServerProcess(
-                [str(curriculum), "--state", str(tmp / f"{name}.db"), "--grader-workers", str(PROCESSES)],
+                [str(curriculum), "--database-url", str(tmp / f"{name}.db"), "--grader-workers", str(PROCESSES)],
                 log=tmp / f"{name}.log",
             )
             with server:

@@ -62,7 +62,7 @@ def window(points: Sequence[dict[str, Any]]) -> tuple[float, float]:
 def run(sampler: str, steps: int, folder: Path, screenshot: Path | None) -> dict[str, Any]:
     curriculum = write_curriculum(folder, sampler, steps)
     with ServerProcess(
-        [str(curriculum), "--state", ":memory:", "--grader-workers", "1"], log=folder / "server.log"
+        [str(curriculum), "--database-url", ":memory:", "--grader-workers", "1"], log=folder / "server.log"
     ) as server:
         args = build_parser().parse_args(
             [

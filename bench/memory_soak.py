@@ -155,7 +155,7 @@ def run(
         server = ServerProcess(
             [
                 "curricula/arithmetic.yaml",
-                "--state",
+                "--database-url",
                 str(Path(tmp) / "state.db"),
                 "--grader-workers",
                 "1",

@@ -90,7 +90,7 @@ def run(seconds: float = SECONDS, failover_seconds: float = FAILOVER_SECONDS) ->
             return records[int(sample_id.rsplit(":", 1)[1])]["answer"]
 
         def servers(database: str, count: int, name: str) -> list[ServerProcess]:
-            args = [str(curriculum), "--state", database, "--log-level", "warning"]
+            args = [str(curriculum), "--database-url", database, "--log-level", "warning"]
             return [
                 ServerProcess(args, log=folder / f"{name}-{n}.log", cwd=ROOT, env=keep).start() for n in range(count)
             ]

@@ -108,7 +108,7 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
         )
         with baseline:
             bare = asyncio.run(measure(baseline.port, seconds, answer_of))
-        args = [str(curriculum), "--state", str(folder / "state.db"), "--log-level", "warning"]
+        args = [str(curriculum), "--database-url", str(folder / "state.db"), "--log-level", "warning"]
         # Every sampled step's table is kept, so that each /grade finds the step it grades (a trainer grades the
         # step it just sampled; this load samples thousands first).
         keep = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": "1000000"}
@@ -116,12 +116,12 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
             now = asyncio.run(measure(server.port, seconds, answer_of))
         # The same server, its state in a PostgreSQL database on this machine.
         with cluster() as pg:
-            pg_args = [str(curriculum), "--state", pg.new_database(), "--log-level", "warning"]
+            pg_args = [str(curriculum), "--database-url", pg.new_database(), "--log-level", "warning"]
             with ServerProcess(pg_args, log=folder / "postgresql.log", cwd=ROOT, env=keep) as server:
                 on_postgresql = asyncio.run(measure(server.port, seconds, answer_of))
         # The grader role in two `proctor grade-worker` processes instead (one grader process each: as many as
         # the server's own pool has on this machine), the server grading nothing itself.
-        args = [str(curriculum), "--state", str(folder / "remote.db"), "--log-level", "warning"]
+        args = [str(curriculum), "--database-url", str(folder / "remote.db"), "--log-level", "warning"]
         with ServerProcess([*args, "--grader-workers", "0"], log=folder / "remote.log", cwd=ROOT, env=keep) as server:
             cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", server.url, "--workers", "1"]
             cmd += ["--rows-per-dispatch", str(GRADE_ITEMS)]

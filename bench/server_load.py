@@ -160,8 +160,10 @@ def _measure(seconds: float, env: dict[str, str] | None, module: str, grader: Gr
     ``math``): completions/s in this one process on completions like that row's, once the server has stopped."""
     with tempfile.TemporaryDirectory() as tmp:
         curriculum, records = write_curriculum(Path(tmp))
+        # The baseline commit (env set) names the run's database --state.
+        database = "--database-url" if env is None else "--state"
         server = ServerProcess(
-            [str(curriculum), "--state", str(Path(tmp) / "state.db"), "--log-level", "warning"],
+            [str(curriculum), database, str(Path(tmp) / "state.db"), "--log-level", "warning"],
             log=Path(tmp) / "server.log",
             cwd=ROOT,
             env=env,

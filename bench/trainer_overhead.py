@@ -115,7 +115,7 @@ def run() -> tuple[list[Run], dict[str, object]]:
     with tempfile.TemporaryDirectory(prefix="proctor-bench-") as tmp:
         model = build_tiny_model(Path(tmp) / "tiny")
         server = ServerProcess(
-            [str(builtin_path("arithmetic")), "--state", str(Path(tmp) / "state.db"), "--log-level", "warning"],
+            [str(builtin_path("arithmetic")), "--database-url", str(Path(tmp) / "state.db"), "--log-level", "warning"],
             log=Path(tmp) / "server.log",
         )
         with server, ProctorClient(server.url) as client:
@@ -142,7 +142,7 @@ def run() -> tuple[list[Run], dict[str, object]]:
                     runs_served += 1
                     state = str(Path(tmp) / f"run-{runs_served}.db")
                     fresh = ServerProcess(
-                        [str(builtin_path("arithmetic")), "--state", state, "--log-level", "warning"],
+                        [str(builtin_path("arithmetic")), "--database-url", state, "--log-level", "warning"],
                         log=Path(tmp) / f"server-{runs_served}.log",
                     )
                     with fresh, ProctorClient(fresh.url) as remote_client:

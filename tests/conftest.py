@@ -228,13 +228,13 @@ def make_settings(curriculum_file: Path, state_target: Callable[[str], str]) -> 
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
             "curriculum": curriculum_file,
-            "state": ":memory:",
+            "database_url": ":memory:",
             "grader_workers": 1,
             "grader_timeout_s": 2.0,
         }
         values.update(overrides)
-        if values["state"] is not None:
-            values["state"] = state_target(str(values["state"]))
+        if values["database_url"] is not None:
+            values["database_url"] = state_target(str(values["database_url"]))
         return Settings(**values)
 
     return make
@@ -308,12 +308,12 @@ def live_server(make_settings: Callable[..., Settings]) -> Callable[..., Abstrac
 
 @pytest.fixture
 def server_process(tmp_path: Path, state_target: Callable[[str], str]) -> Iterator[Callable[..., ServerProcess]]:
-    """Start ``proctor serve ARGS`` processes; all are stopped when the test ends. A ``--state`` in ARGS is
+    """Start ``proctor serve ARGS`` processes; all are stopped when the test ends. A ``--database-url`` in ARGS is
     mapped by ``state_target`` (a PostgreSQL database under ``--database postgresql``)."""
     started: list[ServerProcess] = []
 
     def start(args: list[str], **kwargs: Any) -> ServerProcess:
-        args = [state_target(a) if n and args[n - 1] == "--state" else a for n, a in enumerate(args)]
+        args = [state_target(a) if n and args[n - 1] == "--database-url" else a for n, a in enumerate(args)]
         proc = ServerProcess(args, log=tmp_path / f"server-{len(started)}.log", **kwargs).start()
         started.append(proc)
         return proc

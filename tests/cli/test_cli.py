@@ -107,8 +107,16 @@ def test_preview_bad_steps(steps: str) -> None:
 
 def test_serve_refuses_a_bad_setting(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PROCTOR_MAX_BATCH_SIZE", "lots")
-    assert main(["serve", "arithmetic", "--state", ":memory:"]) == 2
+    assert main(["serve", "arithmetic", "--database-url", ":memory:"]) == 2
     assert "PROCTOR_MAX_BATCH_SIZE (max_batch_size): Input should be a valid integer" in capsys.readouterr().err
+
+
+def test_serve_reads_no_option_from_a_prefix_of_its_name(capsys: pytest.CaptureFixture[str]) -> None:
+    # --state is a prefix of --state-dir: abbreviated, it would place a fresh run under a directory of that name.
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "arithmetic", "--state", "runs/mine.db"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --state runs/mine.db" in capsys.readouterr().err
 
 
 def test_fresh_keeps_the_state_while_the_port_is_taken(
@@ -120,7 +128,7 @@ def test_fresh_keeps_the_state_while_the_port_is_taken(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        args = ["serve", str(curriculum_file), "--state", str(state), "--fresh", "--port", str(port)]
+        args = ["serve", str(curriculum_file), "--database-url", str(state), "--fresh", "--port", str(port)]
         assert main(args) == 2
     assert capsys.readouterr().err == (
         f"proctor serve: --fresh: 127.0.0.1:{port} is in use, perhaps by this run's own server; stop it, then start "
@@ -134,7 +142,7 @@ def test_serve_refuses_a_transitions_file_that_is_not_a_history(
 ) -> None:
     history = tmp_path / "curriculum.json"
     history.write_text("[]")
-    args = ["serve", str(curriculum_file), "--state", str(tmp_path / "s.db"), "--transitions", str(history)]
+    args = ["serve", str(curriculum_file), "--database-url", str(tmp_path / "s.db"), "--transitions", str(history)]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"proctor serve: --transitions {history}: not a GET /curriculum answer")

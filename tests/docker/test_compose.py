@@ -172,7 +172,7 @@ def test_both_compose_implementations_accept_the_file(profiles: list[str], versi
     assert services["dataserver"]["restart"] == "unless-stopped"
     if profiles == ["cluster"]:
         assert {"postgres", "replica", "balancer", "grade-worker"} <= set(services)
-        state = services["replica"]["environment"]["PROCTOR_STATE"]
+        state = services["replica"]["environment"]["PROCTOR_DATABASE_URL"]
         assert state == "postgresql://proctor:proctor@postgres:5432/proctor"
         port = services["balancer"]["ports"][0]  # v1 keeps the short form, v2 writes the long one
         short = port if isinstance(port, str) else f"{port['host_ip']}:{port['published']}:{port['target']}"

@@ -60,7 +60,7 @@ def serve(tmp_path: Path) -> Callable[[str], AbstractContextManager[str]]:
     (tmp_path / "adaptive.yaml").write_text(yaml.safe_dump(DOC, sort_keys=False))
 
     def start(state: str) -> AbstractContextManager[str]:
-        settings = Settings(curriculum=tmp_path / "adaptive.yaml", state=str(tmp_path / state), grader_workers=1)
+        settings = Settings(curriculum=tmp_path / "adaptive.yaml", database_url=str(tmp_path / state), grader_workers=1)
         return serve_in_thread(create_app(settings))
 
     return start

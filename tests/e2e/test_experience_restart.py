@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 def test_writes_and_leases_survive_kill_and_restart(
     server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path
 ) -> None:
-    args = [str(curriculum_file), "--state", str(tmp_path / "state.db"), "--grader-workers", "1"]
+    args = [str(curriculum_file), "--database-url", str(tmp_path / "state.db"), "--grader-workers", "1"]
     rows = [(slot, k) for slot in range(4) for k in range(2)]
     ids = [np.arange(slot * 10 + k + 1, dtype=np.int32) for slot, k in rows]
     server = server_process(args)

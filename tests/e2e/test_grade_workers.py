@@ -71,7 +71,7 @@ def gate(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def graderless(server_process: Callable[..., ServerProcess], curriculum: Path, tmp_path: Path) -> ServerProcess:
     """A ``proctor serve`` process with no grader processes: the grader role is left to workers."""
-    return server_process([str(curriculum), "--state", str(tmp_path / "state.db"), "--grader-workers", "0"])
+    return server_process([str(curriculum), "--database-url", str(tmp_path / "state.db"), "--grader-workers", "0"])
 
 
 class Worker:

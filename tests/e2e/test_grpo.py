@@ -206,7 +206,7 @@ class KillAndRestart(TrainerCallback):  # type: ignore[misc]
 def test_training_survives_a_server_restart(
     server_process: Callable[..., ServerProcess], curriculum: Path, tiny_model: Path, tmp_path: Path
 ) -> None:
-    server = server_process([str(curriculum), "--state", str(tmp_path / "state.db"), "--grader-workers", "1"])
+    server = server_process([str(curriculum), "--database-url", str(tmp_path / "state.db"), "--grader-workers", "1"])
     killer = KillAndRestart(server)
     result = train(server.url, tiny_model, grpo_config(tmp_path, max_steps=6), callbacks=[killer])
     assert killer.restarted.is_set()

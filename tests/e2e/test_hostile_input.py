@@ -34,7 +34,7 @@ FAST_S = 10.0
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("hostile")
-    args = ["curricula/arithmetic.yaml", "--state", str(tmp / "state.db"), "--grader-workers", "1"]
+    args = ["curricula/arithmetic.yaml", "--database-url", str(tmp / "state.db"), "--grader-workers", "1"]
     with ServerProcess(args, log=tmp / "server.log", cwd=ROOT) as proc:
         yield proc
 
@@ -153,7 +153,7 @@ def test_a_stray_iteration_is_refused_at_once(http: httpx.Client, iteration: int
 
 def test_any_iteration_in_range_is_answered_at_once(tmp_path: Path) -> None:
     # With the leap lifted, every iteration the schema allows may be new: none costs more than another.
-    args = ["curricula/arithmetic.yaml", "--state", ":memory:", "--grader-workers", "1"]
+    args = ["curricula/arithmetic.yaml", "--database-url", ":memory:", "--grader-workers", "1"]
     env = {"PROCTOR_MAX_ITERATION_LEAP": str(MAX_ITERATION)}
     with (
         ServerProcess(args, log=tmp_path / "server.log", cwd=ROOT, env=env) as server,
@@ -400,7 +400,7 @@ def test_the_largest_grade_request_is_served(http: httpx.Client) -> None:
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("locked")
-    args = ["curricula/arithmetic.yaml", "--state", ":memory:", "--grader-workers", "1"]
+    args = ["curricula/arithmetic.yaml", "--database-url", ":memory:", "--grader-workers", "1"]
     with ServerProcess(args, log=tmp / "server.log", cwd=ROOT, env={"PROCTOR_API_KEY": "k3y"}) as proc:
         yield proc
 

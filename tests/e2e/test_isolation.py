@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 def test_hung_graders_do_not_stall_the_server(server_process: Callable[..., Any], curriculum_file: Path) -> None:
     server = server_process(
-        [str(curriculum_file), "--state", ":memory:", "--grader-workers", "2"],
+        [str(curriculum_file), "--database-url", ":memory:", "--grader-workers", "2"],
         env={"PROCTOR_GRADER_TIMEOUT_S": "1"},
     )
     meta = httpx.get(server.url + "/meta").json()

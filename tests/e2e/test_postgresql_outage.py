@@ -34,7 +34,7 @@ def test_a_database_outage_is_a_503_and_the_server_recovers_by_itself(
 ) -> None:
     with cluster() as pg:
         database = pg.new_database()
-        server = server_process([str(curriculum_file), "--state", database, "--grader-workers", "1"])
+        server = server_process([str(curriculum_file), "--database-url", database, "--grader-workers", "1"])
         with httpx.Client(base_url=server.url, timeout=30) as c:
             batch = c.post("/sample", json={"iteration": 0, "batch_size": 4}).json()
             items = [
@@ -68,10 +68,10 @@ def test_an_unreachable_database_stops_start_up_with_a_message_that_names_it(
 ) -> None:
     nowhere = f"postgresql://proctor:s3cret@127.0.0.1:{free_port()}/run"
     with pytest.raises(RuntimeError, match="server exited with 2") as info:
-        server_process([str(curriculum_file), "--state", nowhere], env={"PROCTOR_STATE_WAIT_S": "0.5"})
+        server_process([str(curriculum_file), "--database-url", nowhere], env={"PROCTOR_STATE_WAIT_S": "0.5"})
     shown = nowhere.replace("s3cret", "***")
     assert f"the PostgreSQL database {shown} does not answer (connection failed" in str(info.value)
-    assert "check that it runs and that the URL in --state (PROCTOR_STATE) is right" in str(info.value)
+    assert "check that it runs and that the URL in --database-url (PROCTOR_DATABASE_URL) is right" in str(info.value)
     assert "s3cret" not in str(info.value)
     assert "Traceback" not in str(info.value)
 
@@ -85,7 +85,9 @@ def test_start_up_waits_for_a_database_that_comes_up_after_the_server(
         starting = threading.Timer(1.0, pg.ctl, args=("start",))
         starting.start()
         try:
-            server = server_process([str(curriculum_file), "--state", database], env={"PROCTOR_STATE_WAIT_S": "60"})
+            server = server_process(
+                [str(curriculum_file), "--database-url", database], env={"PROCTOR_STATE_WAIT_S": "60"}
+            )
         finally:
             starting.join()
         assert "waiting up to 60 s (PROCTOR_STATE_WAIT_S)" in server.output()

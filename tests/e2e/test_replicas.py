@@ -51,7 +51,7 @@ def replicas(
     server_process: Callable[..., Any], curriculum_file: Path, database: str, count: int, *extra: str
 ) -> list[Any]:
     # One after the other: the first serves, the others find it serving and stand by.
-    args = [str(curriculum_file), "--state", database, "--grader-workers", "1", *extra]
+    args = [str(curriculum_file), "--database-url", database, "--grader-workers", "1", *extra]
     return [server_process(args) for _ in range(count)]
 
 
@@ -125,7 +125,7 @@ def test_a_standby_forwards_the_api_key_and_the_answer_as_they_are(
     server_process: Callable[..., Any], curriculum_file: Path, postgresql_cluster: PostgreSQLCluster
 ) -> None:
     database = postgresql_cluster.new_database()
-    args = [str(curriculum_file), "--state", database, "--grader-workers", "1"]
+    args = [str(curriculum_file), "--database-url", database, "--grader-workers", "1"]
     env = {"PROCTOR_API_KEY": "s3cret"}
     serving, standby = (server_process(args, env=env) for _ in range(2))
     key = {"Authorization": "Bearer s3cret"}
@@ -202,7 +202,9 @@ def test_a_two_rank_run_through_a_balancer_survives_the_serving_replica_killed(
                 for sid, idx in zip(call["sample_id"], call["completion_index"], strict=True)]  # fmt: skip
         assert Counter(rows) == Counter((s["sample_id"], k) for s in batches[step]["samples"] for k in range(4))
     # The batches a single server of the curriculum serves, on a state of its own.
-    single = server_process([str(curriculum_file), "--state", str(tmp_path / "single.db"), "--grader-workers", "1"])
+    single = server_process(
+        [str(curriculum_file), "--database-url", str(tmp_path / "single.db"), "--grader-workers", "1"]
+    )
     for step in range(STEPS):
         alone = httpx.post(single.url + "/sample", json={"iteration": step, "batch_size": 1}).json()
         assert alone["samples"] == batches[step]["samples"]

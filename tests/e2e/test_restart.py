@@ -25,7 +25,7 @@ def test_restart_after_kill_keeps_batches_grades_and_gate_state(
     server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path
 ) -> None:
     state = tmp_path / "state.db"
-    args = [str(curriculum_file), "--state", str(state), "--grader-workers", "1"]
+    args = [str(curriculum_file), "--database-url", str(state), "--grader-workers", "1"]
     server = server_process(args)
     with httpx.Client(base_url=server.url, timeout=10) as c:
         batches = {}
@@ -62,7 +62,7 @@ def test_kill_at_a_random_moment_loses_no_acknowledged_grade(
     server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path
 ) -> None:
     state = tmp_path / "state.db"
-    args = [str(curriculum_file), "--state", str(state), "--grader-workers", "1"]
+    args = [str(curriculum_file), "--database-url", str(state), "--grader-workers", "1"]
     server = server_process(args)
     acknowledged_samples: dict[int, Any] = {}
     acknowledged_grades: list[tuple[int, list[dict[str, Any]], list[dict[str, Any]]]] = []
@@ -110,13 +110,15 @@ def test_a_state_file_of_another_curriculum_is_refused(
     server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path
 ) -> None:
     state = tmp_path / "state.db"
-    server = server_process([str(curriculum_file), "--state", str(state), "--grader-workers", "1"])
+    server = server_process([str(curriculum_file), "--database-url", str(state), "--grader-workers", "1"])
     httpx.post(server.url + "/sample", json={"iteration": 0, "batch_size": 2})
     server.stop()
     with pytest.raises(RuntimeError, match="server exited with 2") as info:
-        server_process([str(curriculum_file), "--state", str(state), "--seed", "6", "--grader-workers", "1"])
+        server_process([str(curriculum_file), "--database-url", str(state), "--seed", "6", "--grader-workers", "1"])
     assert "belongs to curriculum 'tiny'" in str(info.value)
-    assert "start a new run with another --run name or --state path (PROCTOR_RUN, PROCTOR_STATE)" in str(info.value)
+    assert "start a new run with another --run name or --database-url path (PROCTOR_RUN, PROCTOR_DATABASE_URL)" in str(
+        info.value
+    )
 
 
 def test_a_second_server_on_the_same_state_is_refused_or_stands_by(
@@ -125,7 +127,7 @@ def test_a_second_server_on_the_same_state_is_refused_or_stands_by(
     """A state file serves one process: a second is refused. A second server of a PostgreSQL database stands by:
     it forwards to the first, and serves once the first is gone."""
     state = tmp_path / "state.db"
-    args = [str(curriculum_file), "--state", str(state), "--grader-workers", "1"]
+    args = [str(curriculum_file), "--database-url", str(state), "--grader-workers", "1"]
     first = server_process(args)
     batch = httpx.post(first.url + "/sample", json={"iteration": 0, "batch_size": 2})
     assert batch.status_code == 200, batch.text
@@ -156,11 +158,11 @@ def test_fresh_is_refused_while_a_server_holds_the_state_file(
     server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path, state_target: Callable[[str], str]
 ) -> None:
     state = tmp_path / "state.db"
-    first = server_process([str(curriculum_file), "--state", str(state), "--grader-workers", "1"])
+    first = server_process([str(curriculum_file), "--database-url", str(state), "--grader-workers", "1"])
     batch = httpx.post(first.url + "/sample", json={"iteration": 0, "batch_size": 2}).json()
     # On another port: only the file says that a server runs this state.
     with pytest.raises(RuntimeError, match="server exited with 2") as info:
-        server_process([str(curriculum_file), "--state", str(state), "--fresh", "--grader-workers", "1"])
+        server_process([str(curriculum_file), "--database-url", str(state), "--fresh", "--grader-workers", "1"])
     target = state_target(str(state))
     if target.startswith("postgresql://"):
         # A database is never removed: --fresh says how to start over.

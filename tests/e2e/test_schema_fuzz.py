@@ -36,7 +36,7 @@ def test_generated_requests_get_only_documented_answers(
     # schema can say: here any iteration in the schema's range may be new.
     env = {"PROCTOR_MAX_ITERATION_LEAP": str(2**53 - 1), **({"PROCTOR_API_KEY": api_key} if api_key else {})}
     server = server_process(
-        ["curricula/arithmetic.yaml", "--state", str(tmp_path / "state.db"), "--grader-workers", "1"],
+        ["curricula/arithmetic.yaml", "--database-url", str(tmp_path / "state.db"), "--grader-workers", "1"],
         cwd=ROOT,
         env=env,
     )

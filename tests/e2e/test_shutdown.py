@@ -25,7 +25,7 @@ def test_sigterm_lets_in_flight_grades_finish_and_loses_none(
     # Grading takes a while, so that requests are in flight when the signal arrives.
     tiny_doc["sources"]["add"]["graders"] = ["numeric", {"name": "slow", "weight": 0, "params": {"seconds": 0.3}}]
     curriculum = write_tiny(tiny_doc)
-    args = [str(curriculum), "--state", str(tmp_path / "state.db"), "--grader-workers", "2"]
+    args = [str(curriculum), "--database-url", str(tmp_path / "state.db"), "--grader-workers", "2"]
     server = server_process(args)
 
     acknowledged: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []

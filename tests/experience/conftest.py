@@ -40,5 +40,5 @@ def experience(
             store.close()
         return
     # No grader processes: these tests drive the store itself, and nothing here grades.
-    with live_server(state=str(experience_path), grader_workers=0) as url, ExperienceClient(url) as client:
+    with live_server(database_url=str(experience_path), grader_workers=0) as url, ExperienceClient(url) as client:
         yield client

@@ -24,7 +24,7 @@ Start = Callable[..., ServerProcess]
 
 def _start(server_process: Start, curriculum_file: Path, **env: object) -> ServerProcess:
     return server_process(
-        [str(curriculum_file), "--state", ":memory:", "--grader-workers", "1"],
+        [str(curriculum_file), "--database-url", ":memory:", "--grader-workers", "1"],
         env={f"PROCTOR_{name.upper()}": str(value) for name, value in env.items()},
     )
 

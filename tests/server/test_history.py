@@ -37,7 +37,7 @@ async def old_run(open_client: Callable[..., Any], tmp_path: Path) -> OldRun:
     """Iterations 0..LAST on a server of its own, with right answers to the first two: stage `warm`'s gate
     fires at iteration 2. Its history is saved as `--transitions` reads it."""
     served: dict[int, list[str]] = {}
-    async with open_client(state=str(tmp_path / "old.db")) as old:
+    async with open_client(database_url=str(tmp_path / "old.db")) as old:
         for i in range(LAST + 1):
             samples = (await old.post("/sample", json={"iteration": i, "batch_size": 4})).json()["samples"]
             served[i] = [s["sample_id"] for s in samples]
@@ -62,13 +62,13 @@ async def test_an_adopted_history_reproduces_every_batch_the_old_run_served(
 
     order = list(range(LAST + 1))
     random.Random(3).shuffle(order)  # the new server is asked in another order, and sees no grades at all
-    async with open_client(state=str(tmp_path / "new.db"), transitions=old_run.history) as new:
+    async with open_client(database_url=str(tmp_path / "new.db"), transitions=old_run.history) as new:
         assert {i: await batch(new, i) for i in order} == old_run.served
         transitions = (await new.get("/curriculum")).json()["transitions"]
         assert transitions == old_run.state["transitions"]
 
     # Without the history the gate's decision is lost: the batches differ from iteration 2 on.
-    async with open_client(state=str(tmp_path / "bare.db")) as bare:
+    async with open_client(database_url=str(tmp_path / "bare.db")) as bare:
         again = {i: await batch(bare, i) for i in order}
     assert [again[i] == old_run.served[i] for i in range(3)] == [True, True, False]
 
@@ -76,22 +76,22 @@ async def test_an_adopted_history_reproduces_every_batch_the_old_run_served(
 async def test_a_restart_keeps_the_adopted_history_without_the_flag(
     open_client: Callable[..., Any], tmp_path: Path, old_run: OldRun
 ) -> None:
-    async with open_client(state=str(tmp_path / "new.db"), transitions=old_run.history) as new:
+    async with open_client(database_url=str(tmp_path / "new.db"), transitions=old_run.history) as new:
         assert await batch(new, 3) == old_run.served[3]
-    async with open_client(state=str(tmp_path / "new.db")) as restarted:
+    async with open_client(database_url=str(tmp_path / "new.db")) as restarted:
         assert await batch(restarted, 7) == old_run.served[7]
     # Adopting the same history twice changes nothing.
-    async with open_client(state=str(tmp_path / "new.db"), transitions=old_run.history) as again:
+    async with open_client(database_url=str(tmp_path / "new.db"), transitions=old_run.history) as again:
         assert await batch(again, 9) == old_run.served[9]
 
 
 async def test_a_history_that_contradicts_the_state_file_is_refused(
     open_client: Callable[..., Any], tmp_path: Path, old_run: OldRun
 ) -> None:
-    async with open_client(state=str(tmp_path / "other.db")) as other:
+    async with open_client(database_url=str(tmp_path / "other.db")) as other:
         await batch(other, 5)  # served iteration 5 in stage warm, where the history says main
     with pytest.raises(HistoryError, match=r"already served iterations up to 5, so a transition at 2 would change"):
-        async with open_client(state=str(tmp_path / "other.db"), transitions=old_run.history):
+        async with open_client(database_url=str(tmp_path / "other.db"), transitions=old_run.history):
             pass
 
 

@@ -156,7 +156,7 @@ def test_grades_posted_at_once_are_each_kept_once_and_a_refused_one_keeps_nothin
     # alone, and a request posted twice at once must be counted once.
     state = state_target(str(tmp_path / "state.db"))
     steps = 6
-    with live_server(state=state) as url, ExperienceClient(url) as experience:
+    with live_server(database_url=state) as url, ExperienceClient(url) as experience:
         bodies = []
         for step in range(steps):
             samples = sample(url, step)
@@ -227,7 +227,7 @@ def test_a_completion_its_reward_and_its_grade_are_written_in_one_transaction(
     live_server: Callable[..., Any], tmp_path: Path, state_target: Callable[[str], str]
 ) -> None:
     state = state_target(str(tmp_path / "state.db"))
-    with live_server(state=state) as url:
+    with live_server(database_url=state) as url:
         samples = sample(url, 0)
         refuse_grades(state)
         items = [{"sample_id": s["sample_id"], "slot": slot, "completion": "7"} for slot, s in enumerate(samples)]

@@ -37,9 +37,34 @@ def test_a_run_name_or_a_state_file_places_the_state(tmp_path: Path) -> None:
     named = load_settings(run="ablation-3", state_dir=tmp_path)
     assert named.run_name("arithmetic", "12e5") == "ablation-3"
     assert named.state_path("arithmetic", "12e5") == str(tmp_path / "ablation-3.db")
-    explicit = load_settings(run="ablation-3", state=str(tmp_path / "mine.db"))
+    explicit = load_settings(run="ablation-3", database_url=str(tmp_path / "mine.db"))
     assert explicit.state_path("arithmetic", "12e5") == str(tmp_path / "mine.db")
-    assert load_settings(state=":memory:").state_path("arithmetic", "12e5") == ":memory:"
+    assert load_settings(database_url=":memory:").state_path("arithmetic", "12e5") == ":memory:"
+
+
+@pytest.mark.parametrize(
+    ("url", "state"),
+    [
+        ("runs/mine.db", "runs/mine.db"),
+        ("sqlite:///runs/mine.db", "runs/mine.db"),
+        ("sqlite:////srv/runs/mine.db", "/srv/runs/mine.db"),
+        ("sqlite://", ":memory:"),
+        ("sqlite:///:memory:", ":memory:"),
+        ("postgresql://proctor:secret@db:5432/run42", "postgresql://proctor:secret@db:5432/run42"),
+    ],
+)
+def test_the_database_url_names_a_sqlite_file_or_a_postgresql_database(url: str, state: str) -> None:
+    assert load_settings(database_url=url).state_path("arithmetic", "12e5") == state
+
+
+def test_a_database_of_another_kind_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROCTOR_DATABASE_URL", "mysql://db/run42")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert (
+        "PROCTOR_DATABASE_URL (database_url): Value error, mysql:// is not a database proctor keeps state in; give a "
+        "SQLite file (a path, or sqlite:///path) or a PostgreSQL database (postgresql://user:password@host:port/database)"
+    ) in str(info.value)
 
 
 def test_a_run_name_must_be_a_plain_file_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,3 +123,11 @@ def test_a_setting_under_its_former_name_is_refused_with_the_name_to_use(monkeyp
     assert str(info.value) == (
         "invalid configuration:\n  PROCTOR_DOCK_KEEP_ITERATIONS is now PROCTOR_EXPERIENCE_KEEP_ITERATIONS: set that instead"
     )
+
+
+def test_the_state_variable_is_refused_with_the_database_url_to_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ignored, it would serve a fresh run from <state_dir> instead of the database the operator named.
+    monkeypatch.setenv("PROCTOR_STATE", "/srv/runs/mine.db")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert str(info.value) == "invalid configuration:\n  PROCTOR_STATE is now PROCTOR_DATABASE_URL: set that instead"

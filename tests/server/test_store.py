@@ -36,7 +36,9 @@ def test_a_state_file_belongs_to_one_curriculum(state: str) -> None:
     other = Store(state)
     with pytest.raises(StateMismatchError, match=r"belongs to curriculum 'tiny' \(hash abc, seed 1\)") as info:
         other.bind(curriculum="tiny", curriculum_hash="def", seed=1)
-    assert "start a new run with another --run name or --state path (PROCTOR_RUN, PROCTOR_STATE)" in str(info.value)
+    assert "start a new run with another --run name or --database-url path (PROCTOR_RUN, PROCTOR_DATABASE_URL)" in str(
+        info.value
+    )
     with pytest.raises(StateMismatchError, match="seed 2"):
         other.bind(curriculum="tiny", curriculum_hash="abc", seed=2)
     other.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
@@ -53,7 +55,7 @@ def test_a_state_of_a_newer_schema_is_refused_saying_so(state: str) -> None:
     again.close()
     assert str(info.value).endswith(
         "was written by a newer proctor (schema version 99; this one reads up to 3): upgrade proctor to serve it, "
-        "or start a new run with another --run or --state"
+        "or start a new run with another --run or --database-url"
     )
 
 
@@ -69,7 +71,7 @@ def test_a_state_file_serves_one_store_at_a_time(state: str) -> None:
     else:
         assert str(info.value) == (
             f"state file {state} is in use by another proctor serve; stop that one, or give this one another --run "
-            "or --state (PROCTOR_RUN, PROCTOR_STATE). One state file serves one process"
+            "or --database-url (PROCTOR_RUN, PROCTOR_DATABASE_URL). One state file serves one process"
         )
     held.close()
     open_store(state).close()  # free again once closed

@@ -45,7 +45,7 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         run=args.run_name,
         state_dir=args.state_dir,
-        state=args.state,
+        database_url=args.database_url,
         seed=args.seed,
         transitions=args.transitions,
         grader_workers=args.grader_workers,
@@ -125,7 +125,7 @@ def _remove_state(path: str, host: str, port: int) -> None:
     if is_postgresql(path):
         raise ProctorError(
             f"--fresh removes a state file, and the state is the PostgreSQL database {redacted(path)}: to start the "
-            "run over, give it a new, empty database (drop and create it, or name another in --state)"
+            "run over, give it a new, empty database (drop and create it, or name another in --database-url)"
         )
     files = [Path(path + suffix) for suffix in ("", "-wal", "-shm")]
     if path == ":memory:" or not any(f.exists() for f in files):

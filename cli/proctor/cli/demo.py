@@ -21,7 +21,7 @@ def demo(steps: int = 64) -> int:
     (or as many as ``steps`` reaches); returns 0 when at least one transition happened."""
     with tempfile.TemporaryDirectory(prefix="proctor-demo-") as tmp:
         log = Path(tmp) / "server.log"
-        with ServerProcess([str(builtin_path("arithmetic")), "--state", ":memory:"], log=log) as server:
+        with ServerProcess([str(builtin_path("arithmetic")), "--database-url", ":memory:"], log=log) as server:
             print(f"dataserver on {server.url}, serving the arithmetic ladder", flush=True)
             args = build_parser().parse_args(
                 ["--server", server.url, "--max-steps", str(steps), "--output-dir", str(Path(tmp) / "run")]

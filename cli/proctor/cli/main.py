@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="proctor", description="Curriculum dataserver for RL post-training.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve_p = sub.add_parser("serve", help="serve a curriculum over HTTP")
+    # Options are never abbreviated: a prefix of one option name could stand for another (--state, --state-dir).
+    serve_p = sub.add_parser("serve", help="serve a curriculum over HTTP", allow_abbrev=False)
     serve_p.add_argument(
         "curriculum",
         nargs="?",
@@ -83,10 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="where each run keeps its state, as RUN.db (default .proctor/runs, env PROCTOR_STATE_DIR)",
     )
     serve_p.add_argument(
-        "--state",
+        "--database-url",
         metavar="PATH|URL",
-        help="the state file itself in place of STATE_DIR/RUN.db, :memory: for a throwaway run, or a PostgreSQL "
-        "database, postgresql://USER:PASSWORD@HOST:PORT/DB (env PROCTOR_STATE)",
+        help="the run's database in place of STATE_DIR/RUN.db: a SQLite file (a path, or sqlite:///PATH; :memory: for "
+        "a throwaway run), or a PostgreSQL database, postgresql://USER:PASSWORD@HOST:PORT/DB "
+        "(env PROCTOR_DATABASE_URL)",
     )
     serve_p.add_argument(
         "--seed", type=int, help="override the curriculum's seed (default: the file's, env PROCTOR_SEED)"

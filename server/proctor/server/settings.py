@@ -48,11 +48,11 @@ class Settings(BaseSettings):
         description="The run's name, which names its state file; default: the curriculum's name and hash.",
     )
     state_dir: Path = Field(default=Path(".proctor/runs"), description="Where each run keeps its state, as <run>.db.")
-    state: str | None = Field(
+    database_url: str | None = Field(
         default=None,
         description=(
-            "The state file itself, in place of <state_dir>/<run>.db; :memory: for a throwaway run; or a PostgreSQL "
-            "database, postgresql://user:password@host:port/database."
+            "The run's database, in place of <state_dir>/<run>.db: a SQLite file (a path, or sqlite:///path; :memory: "
+            "for a throwaway run), or a PostgreSQL database, postgresql://user:password@host:port/database."
         ),
     )
     state_sync: Literal["normal", "full"] = Field(
@@ -143,9 +143,10 @@ class Settings(BaseSettings):
         return self.run or f"{curriculum}-{curriculum_hash}"
 
     def state_path(self, curriculum: str, curriculum_hash: str) -> str:
-        """The run's state file: ``state`` when given, else ``<state_dir>/<run>.db``."""
-        if self.state is not None:
-            return self.state
+        """Where the run keeps its state: a SQLite file's path, ``:memory:``, or a ``postgresql://`` URL; from
+        ``database_url`` when given, else ``<state_dir>/<run>.db``."""
+        if self.database_url is not None:
+            return self.database_url
         return str(self.state_dir / f"{self.run_name(curriculum, curriculum_hash)}.db")
 
     def advertised_url(self) -> str:
@@ -164,9 +165,30 @@ class Settings(BaseSettings):
             raise ValueError(f"no curriculum file at {path}")
         return path
 
+    @field_validator("database_url")
+    @classmethod
+    def _database(cls, url: str | None) -> str | None:
+        # Kept as a SQLite path, ":memory:" or a postgresql:// URL: what the store opens.
+        if url is None or url.startswith(("postgresql://", "postgres://")):
+            return url
+        if url.startswith("sqlite:"):
+            path = url.removeprefix("sqlite:").removeprefix("//")
+            if path.startswith("/"):
+                path = path[1:]  # sqlite:///relative.db, sqlite:////absolute.db, as SQLAlchemy reads them
+            return path or ":memory:"
+        if "://" in url:
+            raise ValueError(
+                f"{url.split('://', 1)[0]}:// is not a database proctor keeps state in; give a SQLite file (a path, "
+                "or sqlite:///path) or a PostgreSQL database (postgresql://user:password@host:port/database)"
+            )
+        return url
+
 
 # Settings under a name they had before, and the name they have now.
-_RENAMED = {"PROCTOR_DOCK_KEEP_ITERATIONS": "PROCTOR_EXPERIENCE_KEEP_ITERATIONS"}
+_RENAMED = {
+    "PROCTOR_DOCK_KEEP_ITERATIONS": "PROCTOR_EXPERIENCE_KEEP_ITERATIONS",
+    "PROCTOR_STATE": "PROCTOR_DATABASE_URL",
+}
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -72,7 +72,7 @@ def test_kill_9_of_the_server_takes_its_busy_graders_with_it(
     curriculum = write_tiny(tiny_doc)
     (curriculum.parent / "busy.py").write_text(BUSY_PY)
     server = server_process(
-        [str(curriculum), "--state", ":memory:", "--grader-workers", "2"], env={"PROCTOR_GRADER_TIMEOUT_S": "60"}
+        [str(curriculum), "--database-url", ":memory:", "--grader-workers", "2"], env={"PROCTOR_GRADER_TIMEOUT_S": "60"}
     )
     assert server.proc is not None
     version = next(s["version"] for s in httpx.get(server.url + "/meta").json()["sources"] if s["name"] == "slowpoke")

@@ -189,12 +189,12 @@ async def test_configured_maximum_applies(open_client: Callable[..., Any]) -> No
 
 
 async def test_full_sync_writes_through_the_store_thread(open_client: Callable[..., Any], tmp_path: Any) -> None:
-    async with open_client(state=str(tmp_path / "s.db"), state_sync="full") as c:
+    async with open_client(database_url=str(tmp_path / "s.db"), state_sync="full") as c:
         first = await sample(c, iteration=0, batch_size=4)
         assert (await sample(c, iteration=0, batch_size=4)) == first
         items = [{"sample_id": s["sample_id"], "completion": "1"} for s in first["samples"]]
         assert (await c.post("/grade", json={"iteration": 0, "items": items})).status_code == 200
-    async with open_client(state=str(tmp_path / "s.db")) as c:
+    async with open_client(database_url=str(tmp_path / "s.db")) as c:
         assert (await sample(c, iteration=0, batch_size=4)) == first
         assert (await c.get("/curriculum")).json()["stages"][0]["graded"] == 4
 
@@ -203,7 +203,7 @@ async def test_full_sync_writes_through_the_store_thread(open_client: Callable[.
 async def test_repeats_are_the_same_whatever_the_cache_holds(
     open_client: Callable[..., Any], tmp_path: Path, budget: int
 ) -> None:
-    async with open_client(state=str(tmp_path / "s.db"), sample_cache_bytes=budget) as client:
+    async with open_client(database_url=str(tmp_path / "s.db"), sample_cache_bytes=budget) as client:
         first = [(await client.post("/sample", json={"iteration": i, "batch_size": 8})).json() for i in range(6)]
         again = [(await client.post("/sample", json={"iteration": i, "batch_size": 8})).json() for i in range(6)]
     assert again == first

@@ -109,7 +109,7 @@ class StateConnection:
         except ConnectionError as exc:
             raise StateUnreachableError(
                 f"the PostgreSQL database {self.display} does not answer ({exc}); check that it runs and that "
-                "the URL in --state (PROCTOR_STATE) is right"
+                "the URL in --database-url (PROCTOR_DATABASE_URL) is right"
             ) from None
         try:
             # The flock of a state file, for a database: held by the writer connection until it closes (or the
@@ -244,10 +244,11 @@ class StateConnection:
             newer = version is not None and version.isdigit() and int(version) > SCHEMA_VERSION
             raise StateMismatchError(
                 f"{self.described} was written by a newer proctor (schema version {version}; this one reads up to "
-                f"{SCHEMA_VERSION}): upgrade proctor to serve it, or start a new run with another --run or --state"
+                f"{SCHEMA_VERSION}): upgrade proctor to serve it, or start a new run with another --run or "
+                "--database-url"
                 if newer
                 else f"{self.described} has schema version {version}, this proctor writes {SCHEMA_VERSION}; use a "
-                "new --state path"
+                "new --database-url path"
             )
         _check_binding(meta, self.described, curriculum, curriculum_hash, seed)
 
@@ -270,8 +271,8 @@ def _check_binding(meta: dict[str, str], described: str, curriculum: str, curric
             f"{described} belongs to curriculum {meta.get('curriculum')!r} "
             f"(hash {meta.get('curriculum_hash')}, seed {meta.get('seed')}), but the server loaded "
             f"{curriculum!r} (hash {curriculum_hash}, seed {seed}). The curriculum, its data or its seed "
-            "changed since this state was written: start a new run with another --run name or --state path "
-            "(PROCTOR_RUN, PROCTOR_STATE), or discard this one with --fresh"
+            "changed since this state was written: start a new run with another --run name or --database-url path "
+            "(PROCTOR_RUN, PROCTOR_DATABASE_URL), or discard this one with --fresh"
         )
 
 
@@ -286,7 +287,7 @@ def _hold(path: str) -> int:
         os.close(fd)
         raise StateInUseError(
             f"state file {path} is in use by another proctor serve; stop that one, or give this one another "
-            "--run or --state (PROCTOR_RUN, PROCTOR_STATE). One state file serves one process"
+            "--run or --database-url (PROCTOR_RUN, PROCTOR_DATABASE_URL). One state file serves one process"
         ) from None
     except OSError:
         pass  # a file system without flock (some network mounts): nothing to hold, as before
