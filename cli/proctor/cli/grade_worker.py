@@ -1,4 +1,5 @@
-"""``proctor grade-worker``: the grader role of a dataserver's experience store, on this machine.
+"""``proctor grade-worker``: the grader role of a dataserver's experience store, on this machine, or as Ray actors
+(``--ray-actors``, :mod:`proctor.cli.ray_workers`).
 
 Needs the ``server`` extra (the graders) and the client (the store over HTTP). Custom graders must be
 importable here under the references the server resolved (``GET /graders``).
@@ -8,72 +9,116 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from dataclasses import dataclass
 
 import httpx
 
 from proctor.client.errors import NotReadyError, ServerFailure, TransportError
 from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
-from proctor.server.grade_worker import GradeWorker, source_graders
+from proctor.server.grade_worker import GradeWorker, WorkerStats, source_graders
 from proctor.server.grading.pool import GraderPool
-from proctor.server.grading.registry import SourceGraders
 from proctor.server.logs import configure_logging
 from proctor.server.settings import default_workers
 
-__all__ = ["grade_worker"]
+__all__ = ["GradeWorkerOptions", "grade", "grade_worker"]
 
 log = logging.getLogger("proctor.grade_worker")
 
 
+@dataclass(frozen=True)
+class GradeWorkerOptions:
+    """One grade-worker: the dataserver it grades for, and how (``proctor grade-worker``'s options)."""
+
+    server: str
+    api_key: str | None = None
+    processes: int | None = None  # grader processes; None: one per core
+    rows_per_dispatch: int = 256
+    lease_s: float = 30.0
+    connect_timeout_s: float = 60.0
+    exit_when_idle_s: float | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> GradeWorkerOptions:
+        return cls(
+            server=args.server,
+            api_key=args.api_key or os.environ.get("PROCTOR_API_KEY"),
+            processes=args.workers,
+            rows_per_dispatch=args.rows_per_dispatch,
+            lease_s=args.lease_s,
+            connect_timeout_s=args.connect_timeout_s,
+            exit_when_idle_s=args.exit_when_idle_s,
+        )
+
+
 def grade_worker(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "text")
-    client = ProctorClient(args.server, api_key=args.api_key or os.environ.get("PROCTOR_API_KEY"), retries=2)
+    options = GradeWorkerOptions.from_args(args)
+    if args.ray_actors is not None:
+        try:
+            from proctor.cli.ray_workers import serve_on_ray
+        except ImportError as exc:
+            if exc.name != "ray":
+                raise
+            print("proctor grade-worker: --ray-actors needs the ray extra: pip install 'proctor[ray]'")
+            return 2
+        # One grader process per actor unless --workers says otherwise: Ray places the actors on the cores.
+        return serve_on_ray(
+            dataclasses.replace(options, processes=options.processes or 1), args.ray_actors, address=args.ray_address
+        )
     try:
-        client.wait_ready(timeout=args.connect_timeout_s)
-        spec = client.graders()
-        graders = source_graders(spec)
-        return asyncio.run(_run(args, ExperienceClient(client=client), graders, spec.timeout_s))
+        asyncio.run(_until_signalled(options))
     except ValueError as exc:
         print(f"proctor grade-worker: {exc}")
         return 2
-    finally:
-        client.close()
+    return 0
 
 
-async def _run(
-    args: argparse.Namespace, experience: ExperienceClient, graders: Mapping[str, SourceGraders], timeout_s: float
-) -> int:
-    processes = args.workers or default_workers()
-    pool = GraderPool(processes)
-    await pool.start()
+async def _until_signalled(options: GradeWorkerOptions) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("grading for %s with %d grader processes", args.server, processes)
+    await grade(options, stop)
+
+
+async def grade(options: GradeWorkerOptions, stop: asyncio.Event) -> WorkerStats:
+    """Grade the server's rows until ``stop`` is set (or, with ``exit_when_idle_s``, until none came for that
+    long). Raises ``ValueError`` when the server names graders this machine cannot import."""
+    client = ProctorClient(options.server, api_key=options.api_key, retries=2)
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False) as http:
-            worker = GradeWorker(
-                experience,
-                graders,
-                pool,
-                http,
-                timeout_s=timeout_s,
-                rows_per_dispatch=args.rows_per_dispatch,
-                lease_s=args.lease_s,
-                transient=(TransportError, NotReadyError, ServerFailure),
-            )
-            stats = await worker.run(stop, idle_exit_s=args.exit_when_idle_s)
+        await asyncio.to_thread(client.wait_ready, timeout=options.connect_timeout_s)
+        spec = await asyncio.to_thread(client.graders)
+        graders = source_graders(spec)
+        processes = options.processes or default_workers()
+        pool = GraderPool(processes)
+        await pool.start()
+        log.info("grading for %s with %d grader processes", options.server, processes)
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False) as http:
+                worker = GradeWorker(
+                    ExperienceClient(client=client),
+                    graders,
+                    pool,
+                    http,
+                    timeout_s=spec.timeout_s,
+                    rows_per_dispatch=options.rows_per_dispatch,
+                    lease_s=options.lease_s,
+                    transient=(TransportError, NotReadyError, ServerFailure),
+                )
+                stats = await worker.run(stop, idle_exit_s=options.exit_when_idle_s)
+        finally:
+            await pool.close()
     finally:
-        await pool.close()
+        client.close()
     log.info(
         "stopped: %d rows graded, %d results refused (lease ended), server unreachable %d times",
         stats.graded,
         stats.refused,
         stats.unreachable,
     )
-    return 0
+    return stats

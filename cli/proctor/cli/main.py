@@ -55,6 +55,17 @@ def _export(args: argparse.Namespace) -> int:
     return export(args)
 
 
+def _count(text: str) -> int:
+    """A number of processes or actors: 1 to 4096."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 4096:
+        raise argparse.ArgumentTypeError(f"{value} is outside 1 to 4096")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `proctor` command line, every subcommand but `train` (which parses its own options)."""
     parser = argparse.ArgumentParser(prog="proctor", description="Curriculum dataserver for RL post-training.")
@@ -139,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker_p = sub.add_parser("grade-worker", help="grade a dataserver's completions on this machine")
     worker_p.add_argument("--server", required=True, help="the dataserver's URL, e.g. http://10.0.0.5:8000")
-    worker_p.add_argument("--workers", type=int, help="grader processes (default: one per core)")
+    worker_p.add_argument(
+        "--workers", type=_count, help="grader processes (default: one per core; with --ray-actors, per actor: 1)"
+    )
     worker_p.add_argument("--api-key", help="the server's API key (default: env PROCTOR_API_KEY)")
     worker_p.add_argument("--rows-per-dispatch", type=int, default=256, help="rows claimed at a time (default 256)")
     worker_p.add_argument(
@@ -150,6 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker_p.add_argument(
         "--exit-when-idle-s", type=float, help="stop after this long without a row to grade (default: never)"
+    )
+    worker_p.add_argument(
+        "--ray-actors",
+        type=_count,
+        metavar="N",
+        help="run N grade-workers as Ray actors instead of one here (needs the ray extra: pip install 'proctor[ray]')",
+    )
+    worker_p.add_argument(
+        "--ray-address",
+        help="the Ray cluster the actors join, e.g. auto (default: env RAY_ADDRESS, else a local Ray instance)",
     )
     worker_p.add_argument(
         "--log-level",
