@@ -109,6 +109,9 @@ def serve_on_ray(options: GradeWorkerOptions, actors: int, *, address: str | Non
             pass
         if stats is None:
             stats = workers.stop()
+    except ValueError as exc:  # an actor's, raised again here: graders this machine cannot import
+        print(f"proctor grade-worker: {exc}")
+        return 2
     finally:
         ray.shutdown()
         for sig, handler in previous.items():
