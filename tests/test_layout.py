@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,3 +57,22 @@ def test_the_client_imports_without_the_deep_learning_stack() -> None:
     assert "proctor.client.dataset" in modules  # the lazy names were reached
     assert not {"torch", "transformers", "trl", "accelerate"} & modules
     assert not {m for m in modules if m.startswith("proctor.server")}
+
+
+def test_every_package_of_the_source_roots_is_installed() -> None:
+    # pyproject.toml lists the packages one by one: a folder left out (code, or data such as the live page's
+    # files) would be missing from the wheel.
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = {name: ROOT / path for name, path in setuptools["package-dir"].items()}
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True)
+    files = [ROOT / line for line in tracked.stdout.split()]
+    found = set()
+    for name, folder in roots.items():
+        for file in files:
+            if folder in file.parents:
+                found.add(".".join((name, *file.parent.relative_to(folder).parts)))
+    assert found == set(setuptools["packages"])
+    # Each root's folder is where its name says, below its source root.
+    for name, folder in roots.items():
+        if name != "proctor.curricula":
+            assert folder.relative_to(ROOT).parts[1:] == tuple(name.split("."))
