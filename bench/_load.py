@@ -38,7 +38,7 @@ class Row:
     seconds: float
     p50_ms: float
     p99_ms: float
-    target: str = ""
+    goal: str = ""
 
     @property
     def per_second(self) -> float:
@@ -73,9 +73,9 @@ async def drive(
     return latencies, elapsed
 
 
-def row(name: str, latencies: list[float], elapsed: float, target: str = "") -> Row:
+def row(name: str, latencies: list[float], elapsed: float, goal: str = "") -> Row:
     ms = [x * 1000 for x in latencies]
-    return Row(name, len(latencies), elapsed, percentile(ms, 0.5), percentile(ms, 0.99), target)
+    return Row(name, len(latencies), elapsed, percentile(ms, 0.5), percentile(ms, 0.99), goal)
 
 
 def write_curriculum(folder: Path) -> tuple[Path, list[dict[str, str]]]:

@@ -460,19 +460,19 @@ def report(out: dict[str, Any]) -> str:
         verdict = f"missed (it did not reach {TARGET:.0%} in {steps} steps)"
     else:
         verdict = f"{'met' if ratio <= STEPS_RATIO_TARGET else 'missed'} ({ratio:.2f}×)"
-    lines.append(f"target: best adaptive sampler ({best.name}) ≤ {STEPS_RATIO_TARGET}× uniform's steps: {verdict}")
+    lines.append(f"goal: best adaptive sampler ({best.name}) ≤ {STEPS_RATIO_TARGET}× uniform's steps: {verdict}")
     zv = _ratio(best.zero_variance, base.zero_variance)
     verdict = (
         "not measurable" if zv is None else f"{'met' if zv <= ZERO_VARIANCE_RATIO_TARGET else 'missed'} ({zv:.2f}×)"
     )
-    lines.append(f"target: its zero-variance share ≤ 1/3 of uniform's: {verdict}")
+    lines.append(f"goal: its zero-variance share ≤ 1/3 of uniform's: {verdict}")
     if "latency" in out:
         lines += ["", latency_table(out["latency"], out["latency_records"])]
         adaptive = [r for r in out["latency"] if r["sampler"] != "uniform"]
         slowest = max(adaptive, key=lambda r: r["sample_p99_ms"])
         met = all(r["sample_p99_ms"] <= P99_TARGET_MS for r in adaptive)
         lines.append(
-            f"target: /sample p99 ≤ {P99_TARGET_MS:g} ms with each adaptive sampler at "
+            f"goal: /sample p99 ≤ {P99_TARGET_MS:g} ms with each adaptive sampler at "
             f"{out['latency_records']:,} records: {'met' if met else 'missed'} "
             f"(slowest: {slowest['sampler']}, {slowest['sample_p99_ms']:.1f} ms)"
         )

@@ -167,7 +167,7 @@ def main() -> None:
     print(f"event-loop hold per request, {env['runs']} runs each, {env['cpus']} CPUs, Python {env['python']}")
     print(table(rows))
     worst = max(r.worst_probe_ms for r in rows)
-    print(f"longest wait of any probe: {worst:.1f} ms (target ≤ {TARGET_MS:.0f} ms)")
+    print(f"longest wait of any probe: {worst:.1f} ms (goal ≤ {TARGET_MS:.0f} ms)")
     save("event_loop", {"env": env, "rows": [asdict(r) for r in rows]})
 
 

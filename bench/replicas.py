@@ -36,7 +36,7 @@ from proctor.cli.launcher import ServerProcess
 ROOT = Path(__file__).resolve().parents[1]
 SECONDS = 8.0
 FAILOVER_SECONDS = 10.0
-TARGETS = {"sample": "report", "grade": "≥ 1.3×"}
+GOALS = {"sample": "report", "grade": "≥ 1.3×"}
 
 
 async def failover(url: str, kill: Callable[[], None], seconds: float) -> dict[str, float]:
@@ -124,14 +124,14 @@ def run(seconds: float = SECONDS, failover_seconds: float = FAILOVER_SECONDS) ->
 def table(results: dict[str, Any]) -> str:
     lines = [
         "| endpoint | 1 server req/s | 1 server p99 ms | 1 behind nginx req/s | 2 behind nginx req/s | "
-        "2 behind nginx p99 ms | 2 ÷ 1 | target |",
+        "2 behind nginx p99 ms | 2 ÷ 1 | goal |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for key in ("sample", "grade"):
         a, b, c = (Row(**results[side][key]) for side in ("direct", "balanced_1", "balanced_2"))
         lines.append(
             f"| {a.name} | {a.per_second:.0f} | {a.p99_ms:.1f} | {b.per_second:.0f} | {c.per_second:.0f} | "
-            f"{c.p99_ms:.1f} | {c.per_second / a.per_second:.2f}× | {TARGETS[key]} |"
+            f"{c.p99_ms:.1f} | {c.per_second / a.per_second:.2f}× | {GOALS[key]} |"
         )
     f = results["failover"]
     lines += [

@@ -39,8 +39,8 @@ CONCURRENCY = 8
 SAMPLE_BATCH = 16
 SECONDS = 8.0
 REMOTE_WORKERS = 2
-TARGETS = {"sample": "≥ 1.0×, p99 ≤ 10 ms", "grade": "≥ 1.0×, p99 ≤ 100 ms"}
-POSTGRESQL_TARGETS = {"sample": "", "grade": "≥ 0.7×"}
+GOALS = {"sample": "≥ 1.0×, p99 ≤ 10 ms", "grade": "≥ 1.0×, p99 ≤ 100 ms"}
+POSTGRESQL_GOALS = {"sample": "", "grade": "≥ 0.7×"}
 
 
 async def measure(port: int, seconds: float, answer_of: Callable[[str], str]) -> dict[str, Row]:
@@ -147,12 +147,12 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
 
 
 def _compared(
-    results: dict[str, Any], side: str, base: str, heads: tuple[str, str, str], targets: dict[str, str]
+    results: dict[str, Any], side: str, base: str, heads: tuple[str, str, str], goals: dict[str, str]
 ) -> list[str]:
     """Rows of ``/sample`` and ``/grade``: ``side``'s rates and p99 beside ``base``'s, and their ratio."""
     lines = [
         f"| endpoint | {heads[0]} req/s | {heads[0]} p99 ms | {heads[1]} req/s | {heads[1]} p99 ms | {heads[2]} "
-        "| target |",
+        "| goal |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for key in ("sample", "grade"):
@@ -160,19 +160,19 @@ def _compared(
         ratio = a.per_second / b.per_second if b.per_second else float("nan")
         lines.append(
             f"| {a.name} | {a.per_second:.0f} | {a.p99_ms:.1f} | {b.per_second:.0f} | {b.p99_ms:.1f} | "
-            f"{ratio:.2f}× | {targets[key]} |"
+            f"{ratio:.2f}× | {goals[key]} |"
         )
     return lines
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = _compared(results, "proctor", "baseline", ("proctor", "baseline", "proctor ÷ baseline"), TARGETS)
+    lines = _compared(results, "proctor", "baseline", ("proctor", "baseline", "proctor ÷ baseline"), GOALS)
     heads = ("PostgreSQL", "SQLite", "PostgreSQL ÷ SQLite")
-    lines += ["", *_compared(results, "postgresql", "proctor", heads, POSTGRESQL_TARGETS)]
+    lines += ["", *_compared(results, "postgresql", "proctor", heads, POSTGRESQL_GOALS)]
     remote, local = Row(**results["remote"]), Row(**results["proctor"]["grade"])
     lines += [
         "",
-        "| /grade's grader role | req/s | p99 ms | ÷ the server's pool | target |",
+        "| /grade's grader role | req/s | p99 ms | ÷ the server's pool | goal |",
         "| --- | ---: | ---: | ---: | --- |",
         f"| the server's pool | {local.per_second:.0f} | {local.p99_ms:.1f} | 1.00× | |",
         f"| {REMOTE_WORKERS} `proctor grade-worker`s, 1 grader process each | {remote.per_second:.0f} | "

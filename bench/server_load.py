@@ -222,14 +222,14 @@ def table(results: dict[str, Any]) -> str:
     if before:
         head += " before: req/s | before: p99 ms |"
         rule += " ---: | ---: |"
-    lines = [head + " target |", rule + " --- |"]
+    lines = [head + " goal |", rule + " --- |"]
     for n, r in enumerate(now["rows"]):
         rate = r["requests"] / r["seconds"]
         line = f"| {r['name']} | {r['requests']} | {rate:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
         if before:
             b = before["rows"][n]
             line += f" {b['requests'] / b['seconds']:.0f} | {b['p99_ms']:.1f} |"
-        lines.append(line + f" {r['target']} |")
+        lines.append(line + f" {r['goal']} |")
     lines.append("")
     lines.append("| /grade, plain-number answers | now | before |")
     lines.append("| --- | ---: | ---: |")
