@@ -15,6 +15,7 @@ dies is leased again once its lease ends, as with any worker. Ray only places an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import threading
 from types import FrameType
@@ -38,26 +39,26 @@ class _GradeWorkerActor:
     def __init__(self, options: GradeWorkerOptions, log_level: str) -> None:
         configure_logging(log_level, "text")
         self._options = options
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
+        self._running: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self._stopped = threading.Event()
-        self._started = threading.Event()
 
     def run(self) -> WorkerStats:
         async def main() -> WorkerStats:
-            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-            self._started.set()
+            stop = asyncio.Event()
+            self._running = (asyncio.get_running_loop(), stop)
             if self._stopped.is_set():
                 return WorkerStats()
-            return await grade(self._options, self._stop)
+            return await grade(self._options, stop)
 
         return asyncio.run(main())
 
     def stop(self) -> None:
         self._stopped.set()
         # A stop that comes before run has its loop is seen by run itself.
-        if self._started.is_set() and self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+        if (running := self._running) is not None:
+            loop, stop = running
+            with contextlib.suppress(RuntimeError):  # run ended meanwhile and closed its loop
+                loop.call_soon_threadsafe(stop.set)
 
 
 class RayGradeWorkers:

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from proctor.experience.database import is_postgresql
 from proctor.server.exceptions import ProctorError
 from proctor.server.shipped import builtin_path
 from proctor.wire.dataserver import MAX_ITERATION
@@ -169,7 +170,7 @@ class Settings(BaseSettings):
     @classmethod
     def _database(cls, url: str | None) -> str | None:
         # Kept as a SQLite path, ":memory:" or a postgresql:// URL: what the store opens.
-        if url is None or url.startswith(("postgresql://", "postgres://")):
+        if url is None or is_postgresql(url):
             return url
         if url.startswith("sqlite:"):
             path = url.removeprefix("sqlite:").removeprefix("//")
