@@ -1,5 +1,6 @@
-"""An adaptive curriculum served for real: each sampler's batches follow the grades, every rank and retry gets
-the same batch, and a server restarted on its state file goes on choosing exactly as an uninterrupted one."""
+"""An adaptive curriculum served for real: each sampler's batches and each learning-progress stage's source
+weights follow the grades, every rank and retry gets the same batch, and a server restarted on its state file goes
+on choosing exactly as an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -48,6 +49,19 @@ DOC: dict[str, Any] = {
             "mix": [{"source": "qa_levels"}],
             "sampler": {"kind": "target_difficulty", "params": {"difficulty": "record"}},
         },
+        {
+            "name": "progress",
+            "until_step": 24,
+            "mix": [{"source": "qa"}, {"source": "add", "weight": 3}],
+            "mixing": {"kind": "learning_progress", "params": {"window": 6, "floor": 0.2}},
+        },
+        {
+            "name": "progress_learn",
+            "until_step": 30,
+            "mix": [{"source": "qa"}, {"source": "add"}],
+            "sampler": {"kind": "learnability"},
+            "mixing": {"kind": "learning_progress", "params": {"window": 6, "floor": 0.2}},
+        },
     ],
 }
 BATCH = 8
@@ -94,9 +108,10 @@ def test_a_restarted_server_chooses_what_an_uninterrupted_one_chooses(
     serve: Callable[[str], AbstractContextManager[str]],
 ) -> None:
     with serve("straight.db") as url:
-        straight = run_steps(url, range(18))
+        straight = run_steps(url, range(30))
     interrupted = []
-    for steps in (range(4), range(4, 9), range(9, 18)):  # restarts inside each adaptive stage
+    # Restarts inside each adaptive stage.
+    for steps in (range(4), range(4, 9), range(9, 14), range(14, 21), range(21, 27), range(27, 30)):
         with serve("interrupted.db") as url:
             interrupted += run_steps(url, steps)
     assert interrupted == straight
@@ -123,7 +138,13 @@ def test_the_statistics_follow_the_grades(serve: Callable[[str], AbstractContext
         batches = run_steps(url, range(14))
         board = client.get("/dashboard").json()
         state = client.get("/curriculum").json()
-    assert [s["sampler"] for s in state["stages"]] == ["learnability", "skip_zero_variance", "target_difficulty"]
+    assert [s["sampler"] for s in state["stages"]] == [
+        "learnability",
+        "skip_zero_variance",
+        "target_difficulty",
+        "uniform",
+        "learnability",
+    ]
     assert [p["iteration"] for p in board["iterations"]] == list(range(14))
     assert all(p["graded"] == BATCH * GROUP and p["groups"] == BATCH for p in board["iterations"])
     served_qa = {sid for batch in batches for sid in batch if sid.startswith("qa:")}
@@ -134,3 +155,30 @@ def test_the_statistics_follow_the_grades(serve: Callable[[str], AbstractContext
     # Random answers to "2i": mostly wrong, so most groups scored alike (all zero).
     zero = sum(p["zero_variance_groups"] for p in board["iterations"])
     assert 0 < zero < 14 * BATCH
+
+
+def test_a_learning_progress_stage_shows_its_weights_over_time(
+    serve: Callable[[str], AbstractContextManager[str]],
+) -> None:
+    with serve("mix.db") as url, httpx.Client(base_url=url, timeout=60) as client:
+        batches = run_steps(url, range(22))
+        state = client.get("/curriculum").json()
+        board = client.get("/dashboard").json()
+    fixed, progress = state["stages"][2], state["stages"][3]
+    assert fixed["mixing"] == "fixed" and fixed["mix_weights"] is None and fixed["mix_history"] is None
+    assert progress["mixing"] == "learning_progress"
+    assert set(progress["mix_weights"]) == {"qa", "add"} and sum(progress["mix_weights"].values()) == pytest.approx(1)
+    assert min(progress["mix_weights"].values()) >= 0.2 - 1e-9
+    assert set(progress["learning_signals"]) == {"qa", "add"}
+    history = progress["mix_history"]
+    assert [p["iteration"] for p in history] == list(range(18, 22))
+    # The live page's timeline carries the same weights, iteration by iteration; fixed stages carry none.
+    points = {p["iteration"]: p["mix_weights"] for p in board["iterations"]}
+    assert all(points[p["iteration"]] == p["weights"] for p in history)
+    assert all(points[i] is None for i in range(18))
+    # Each batch of the stage is split by its iteration's weights, within one prompt of the exact share.
+    for point in history:
+        batch = batches[point["iteration"]]
+        for source, weight in point["weights"].items():
+            served = sum(sid.startswith(f"{source}:") for sid in batch)
+            assert abs(served - weight * BATCH) < 2

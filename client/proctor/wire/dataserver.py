@@ -34,6 +34,7 @@ __all__ = [
     "IterationPoint",
     "LocalGraderSpec",
     "Meta",
+    "MixPoint",
     "PassRateHistogram",
     "RecordStats",
     "RemoteGraderSpec",
@@ -313,6 +314,13 @@ class Transition(_Wire):
     rolling_count: int | None = None
 
 
+class MixPoint(_Wire):
+    """The source weights one iteration was served with."""
+
+    iteration: int
+    weights: dict[str, float]
+
+
 class StageState(_Wire):
     name: str
     index: int
@@ -327,6 +335,20 @@ class StageState(_Wire):
     rolling_reward: float | None = Field(description="Mean of the gate's window of latest grades.")
     rolling_count: int
     sampler: str = Field(default="uniform", description="How the stage chooses records within each source.")
+    mixing: str = Field(
+        default="fixed", description="How the stage sets its source weights: fixed or learning_progress."
+    )
+    mix_weights: dict[str, float] | None = Field(
+        default=None, description="learning_progress: the source weights the stage's next new iteration would get."
+    )
+    learning_signals: dict[str, float | None] | None = Field(
+        default=None,
+        description="learning_progress: each source's mean |advantage| over its latest graded groups (null: none yet).",
+    )
+    mix_history: list[MixPoint] | None = Field(
+        default=None,
+        description="learning_progress: the source weights of the stage's latest iterations, oldest first.",
+    )
 
 
 class CurriculumState(_Wire):
@@ -351,6 +373,9 @@ class IterationPoint(_Wire):
     mean_reward: float | None = Field(description="Mean reward of the completions graded without error.")
     groups: int = Field(description="Groups (one prompt's completions) with at least two graded completions.")
     zero_variance_groups: int = Field(description="Of those, groups whose completions all got the same reward.")
+    mix_weights: dict[str, float] | None = Field(
+        default=None, description="The source weights a learning_progress stage served the iteration with."
+    )
 
 
 class PassRateHistogram(_Wire):

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import httpx
 
 from proctor.experience.columns import GRADER
-from proctor.server.curriculum.adaptive import finite_sizes, item_tracking
+from proctor.server.curriculum.adaptive import finite_sizes, groups_to_restore, item_tracking
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.progress import CurriculumProgress
 from proctor.server.curriculum.samplers import SamplerState
@@ -161,6 +161,7 @@ async def _restore(curriculum: Curriculum, storage: AsyncStore) -> CurriculumPro
         lambda stage: window_size(curriculum.stages[stage]),
         finite_sizes(curriculum),
         (TIMELINE_ITERATIONS, RECENT_ERRORS),
+        groups=groups_to_restore(curriculum),
     )
     progress = CurriculumProgress.start(
         curriculum,
@@ -182,5 +183,9 @@ async def _restore(curriculum: Curriculum, storage: AsyncStore) -> CurriculumPro
         )
     for source, rows in stored.items.items():
         progress.adaptive.items.restore(source, rows)
-    progress.timeline.restore(stored.iterations, stored.recent_errors)
+    progress.adaptive.restore_mixes(stored.groups)
+    mix_weights = {
+        iteration: detail["mix"]["weights"] for iteration, (_, detail) in stored.decisions.items() if "mix" in detail
+    }
+    progress.timeline.restore(stored.iterations, stored.recent_errors, mix_weights)
     return progress

@@ -44,11 +44,15 @@ __all__ = [
     "CurriculumSpec",
     "CustomGraderSpec",
     "FileSourceSpec",
+    "FixedMixingSpec",
     "GraderUse",
     "ItemStatisticsSpec",
     "LearnabilityParams",
     "LearnabilitySamplerSpec",
+    "LearningProgressMixingSpec",
+    "LearningProgressParams",
     "MixEntry",
+    "MixingSpec",
     "ReasoningGymSourceSpec",
     "SamplerSpec",
     "SkipZeroVarianceParams",
@@ -72,6 +76,8 @@ _NAME = re.compile(NAME_PATTERN)
 _FILE_KINDS = {".jsonl": "jsonl", ".parquet": "parquet", ".csv": "csv"}
 _UNION_TAGS = {"arithmetic", "reasoning_gym", *_FILE_KINDS.values()}
 _SAMPLER_TAGS = {"uniform", "learnability", "skip_zero_variance", "target_difficulty"}
+_MIXING_TAGS = {"fixed", "learning_progress"}
+_STAGE_TAGS = {("sampler", tag) for tag in _SAMPLER_TAGS} | {("mixing", tag) for tag in _MIXING_TAGS}
 
 
 class CurriculumError(ProctorError, ValueError):
@@ -93,8 +99,9 @@ class CurriculumError(ProctorError, ValueError):
             # never wrote it. Only that position: a source may well be *named* "arithmetic".
             if len(loc) > 2 and loc[0] == "sources" and loc[2] in _UNION_TAGS:
                 del loc[2]
-            # Likewise a stage's sampler: `stages[1].sampler.learnability.params` → `stages[1].sampler.params`.
-            if len(loc) > 3 and loc[0] == "stages" and loc[2] == "sampler" and loc[3] in _SAMPLER_TAGS:
+            # Likewise a stage's sampler (`stages[1].sampler.learnability.params` → `stages[1].sampler.params`)
+            # and its mixing.
+            if len(loc) > 3 and loc[0] == "stages" and (loc[2], loc[3]) in _STAGE_TAGS:
                 del loc[3]
             problems.append((format_loc(loc), _clean_msg(err["msg"])))
         return cls(problems, file=file)
@@ -353,6 +360,42 @@ SamplerSpec = Annotated[
 ]
 
 
+class FixedMixingSpec(_Spec):
+    """The stage's mix as written: the same source weights every iteration."""
+
+    kind: Literal["fixed"]
+
+
+class LearningProgressParams(_Spec):
+    floor: float = Field(
+        default=0.05,
+        ge=0,
+        lt=1,
+        description="Least weight of each source the stage serves, so that none starves and each one's signal "
+        "stays fresh.",
+    )
+    temperature: float = Field(
+        default=0.1,
+        gt=0,
+        le=10,
+        description="τ: how sharply the weights follow the sources' learning signals (lower is sharper).",
+    )
+    window: int = Field(
+        default=64, ge=1, le=4096, description="A source's signal is the mean over its latest this many groups."
+    )
+
+
+class LearningProgressMixingSpec(_Spec):
+    """Source weights set every iteration by what each source is teaching now: the mean |advantage| of its
+    latest graded groups, a softmax over them on top of the mix's own weights, and a floor per source."""
+
+    kind: Literal["learning_progress"]
+    params: LearningProgressParams = Field(default_factory=LearningProgressParams)
+
+
+MixingSpec = Annotated[FixedMixingSpec | LearningProgressMixingSpec, Field(discriminator="kind")]
+
+
 class ItemStatisticsSpec(_Spec):
     decay: float = Field(
         default=0.8, gt=0, le=1, description="Each new group of a record multiplies its earlier evidence by this."
@@ -368,6 +411,10 @@ class StageSpec(_Spec):
     sampler: SamplerSpec = Field(
         default_factory=lambda: UniformSamplerSpec(kind="uniform"),
         description="How records are chosen within each source of the mix.",
+    )
+    mixing: MixingSpec = Field(
+        default_factory=lambda: FixedMixingSpec(kind="fixed"),
+        description="How the mix's weights are set each iteration: as written, or by learning progress.",
     )
 
 
@@ -441,9 +488,30 @@ def _reference_problems(
             problems.append((f"{where}.replay", "the first stage has no earlier stage to replay"))
         if stage.advance is not None and i == last:
             problems.append((f"{where}.advance", "the last stage has no next stage to advance to"))
+        problems.extend(_mixing_problems(stages, i))
         if sources is not None:
             problems.extend(_sampler_problems(sources, stages, i))
     return problems
+
+
+def _mixing_problems(stages: Sequence[StageSpec | None], i: int) -> list[tuple[str, str]]:
+    """A learning-progress stage's floors must fit in one batch's weights."""
+    stage = stages[i]
+    assert stage is not None
+    if not isinstance(stage.mixing, LearningProgressMixingSpec):
+        return []
+    served = [st for st in (stages[: i + 1] if stage.replay > 0 else [stage]) if st is not None]
+    n = len(dict.fromkeys(m.source for st in served for m in st.mix))
+    floor = stage.mixing.params.floor
+    if n * floor <= 1:
+        return []
+    return [
+        (
+            f"stages[{i}].mixing.params.floor",
+            f"stage {stage.name!r} serves {n} sources, and a floor of {floor:g} each asks for {n * floor:g} of "
+            f"every batch: give a floor of at most {1 / n:.4g}",
+        )
+    ]
 
 
 def _sampler_problems(

@@ -55,6 +55,8 @@ class StoredProgress:
     sampler_state: dict[str, Any] | None  # after the latest iteration an adaptive stage decided
     iterations: list[IterationTotals]  # the latest iterations, for the live page
     recent_errors: list[tuple[int, str, str]]
+    decisions: dict[int, tuple[str, dict[str, Any]]]  # (sampler, detail) of the latest iterations that have one
+    groups: list[tuple[int, str, int, GroupState]]  # the latest graded groups, oldest first
 
 
 class IterationsJoiner(Protocol):
@@ -218,13 +220,20 @@ class AsyncStore:
     # --- reads --------------------------------------------------------------------------------------------
 
     async def stored_progress(
-        self, stages: int, window: Callable[[int], int], finite: Iterable[str], timeline: tuple[int, int]
+        self,
+        stages: int,
+        window: Callable[[int], int],
+        finite: Iterable[str],
+        timeline: tuple[int, int],
+        groups: int = 0,
     ) -> StoredProgress:
-        """Everything :class:`StoredProgress` holds; ``window(stage)`` is how many recent rewards to read, and
-        ``timeline`` how many of the latest iterations and grader errors."""
+        """Everything :class:`StoredProgress` holds; ``window(stage)`` is how many recent rewards to read,
+        ``timeline`` how many of the latest iterations and grader errors, and ``groups`` how many of the latest
+        graded groups."""
         s = self._store
         last = await self._on_thread(s.last_iteration)
         iterations, errors = timeline
+        first = 0 if last is None else max(0, last - iterations + 1)
         decision = await self._on_thread(s.last_decision)
         return StoredProgress(
             transitions=await self._on_thread(s.transitions),
@@ -234,8 +243,10 @@ class AsyncStore:
             recent_rewards={i: await self._on_thread(s.recent_rewards, i, window(i)) for i in range(stages)},
             items={source: await self._on_thread(s.item_rows, source) for source in finite},
             sampler_state=None if decision is None else decision[1],
-            iterations=await self._on_thread(s.iteration_totals, 0 if last is None else max(0, last - iterations + 1)),
+            iterations=await self._on_thread(s.iteration_totals, first),
             recent_errors=await self._on_thread(s.recent_errors, errors),
+            decisions=await self._on_thread(s.decision_details, first),
+            groups=await self._on_thread(s.latest_groups, groups) if groups > 0 else [],
         )
 
     async def get_iteration(self, iteration: int) -> IterationRow | None:

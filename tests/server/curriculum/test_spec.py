@@ -333,6 +333,54 @@ BAD_CASES: list[tuple[str, Doc, list[tuple[str, str]]]] = [
         [("stages[0].sampler.params.prior", "both Beta prior counts must be positive, got [0.0, 1.0]")],
     ),
     (
+        "learning-progress-floors-beyond-a-batch",
+        edited(
+            lambda d: _stage(d, 1).update(mixing={"kind": "learning_progress", "params": {"floor": 0.6}}),
+        ),
+        [
+            (
+                "stages[1].mixing.params.floor",
+                "stage 'mixed' serves 2 sources, and a floor of 0.6 each asks for 1.2 of every batch: give a floor "
+                "of at most 0.5",
+            )
+        ],
+    ),
+    (
+        "learning-progress-floors-count-the-replayed-sources",
+        edited(
+            lambda d: (
+                _stage(d, 1)["mix"].pop(),
+                _stage(d, 1).update(replay=0.1, mixing={"kind": "learning_progress", "params": {"floor": 0.5}}),
+                d["sources"].update(more={"kind": "arithmetic", "graders": ["numeric"]}),
+                _stage(d, 0)["mix"].append({"source": "more"}),
+                _stage(d, 1)["mix"].append({"source": "words"}),
+            )
+        ),
+        [
+            (
+                "stages[1].mixing.params.floor",
+                "stage 'mixed' serves 3 sources, and a floor of 0.5 each asks for 1.5 of every batch: give a floor "
+                "of at most 0.3333",
+            )
+        ],
+    ),
+    (
+        "mixing-unknown-kind",
+        edited(lambda d: _stage(d, 1).update(mixing={"kind": "bandit"})),
+        [
+            (
+                "stages[1].mixing",
+                "Input tag 'bandit' found using 'kind' does not match any of the expected tags: 'fixed', "
+                "'learning_progress'",
+            )
+        ],
+    ),
+    (
+        "learning-progress-temperature-zero",
+        edited(lambda d: _stage(d, 1).update(mixing={"kind": "learning_progress", "params": {"temperature": 0}})),
+        [("stages[1].mixing.params.temperature", "Input should be greater than 0")],
+    ),
+    (
         "adaptive-sampler-on-an-endless-source",
         edited(lambda d: _stage(d, 0).update(sampler={"kind": "learnability"})),
         [

@@ -1,18 +1,21 @@
-"""The adaptive side of a curriculum: the per-record state, the samplers' state, and the sampler of the stage
-being served. Pure: the state file restores it, the sampling service asks it for batches, the grade ledger
-tells it of new grades."""
+"""The adaptive side of a curriculum: the per-record state, the samplers' state, the sampler of the stage
+being served, and the learning-progress mixes of the stages that have one. Pure: the state file restores it,
+the sampling service asks it for batches, the grade ledger tells it of new grades."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from proctor.server.curriculum.learning_progress import GroupSignal, LearningProgressMix
 from proctor.server.curriculum.loader import Curriculum
 from proctor.server.curriculum.mixing import stage_weights
 from proctor.server.curriculum.samplers import Decision, RecordSampler, SamplerState, StageFeedback, build_sampler
-from proctor.server.sources.base import Source
-from proctor.server.state.items import ItemState, ItemStatistics, ItemTracking
+from proctor.server.sources.base import SampleId, Source
+from proctor.server.spec import LearningProgressMixingSpec
+from proctor.server.state.items import GroupState, ItemState, ItemStatistics, ItemTracking
+from proctor.server.state.rows import GroupChange
 
-__all__ = ["AdaptiveSampling", "finite_sizes", "item_tracking"]
+__all__ = ["AdaptiveSampling", "finite_sizes", "groups_to_restore", "item_tracking", "learning_progress_mixes"]
 
 # Records chosen per call into a sampler: a call costs tens of microseconds per record, and the sampling
 # service hands the event loop back between calls.
@@ -34,6 +37,20 @@ def item_tracking(curriculum: Curriculum) -> ItemTracking:
     )
 
 
+def learning_progress_mixes(curriculum: Curriculum) -> dict[int, LearningProgressMix]:
+    """A fresh mix for each stage whose mixing is ``learning_progress``, by stage."""
+    return {
+        i: LearningProgressMix(i, stage_weights(curriculum, i), spec.mixing.params)
+        for i, spec in enumerate(curriculum.spec.stages)
+        if isinstance(spec.mixing, LearningProgressMixingSpec)
+    }
+
+
+def groups_to_restore(curriculum: Curriculum) -> int:
+    """How many of the latest graded groups a restart reads back to refill the mixes' windows (0 without one)."""
+    return max((mix.restore_groups for mix in learning_progress_mixes(curriculum).values()), default=0)
+
+
 class AdaptiveSampling:
     def __init__(self, curriculum: Curriculum, items: ItemStatistics, state: SamplerState) -> None:
         self.curriculum = curriculum
@@ -41,6 +58,26 @@ class AdaptiveSampling:
         self.state = state
         # Only the latest stage's sampler is kept: its trees are a few numbers per record.
         self._live: tuple[int, RecordSampler] | None = None
+        # Every learning-progress stage's mix from the start: it reads the groups of its sources whichever stage
+        # served them, so a stage begins with what its sources taught before it.
+        self.mixes = learning_progress_mixes(curriculum)
+
+    def observe_groups(self, groups: Sequence[GroupChange]) -> None:
+        """Groups that got grades: each learning-progress mix reads those of its sources."""
+        if self.mixes:
+            signals = [GroupSignal((g.iteration, g.sample_id, g.slot), g.source, g.after) for g in groups]
+            for mix in self.mixes.values():
+                mix.observe(signals)
+
+    def restore_mixes(self, groups: Sequence[tuple[int, str, int, GroupState]]) -> None:
+        """The latest graded groups as the state file kept them, oldest first."""
+        if self.mixes:
+            signals = [
+                GroupSignal((iteration, sample_id, slot), SampleId.parse(sample_id).source, state)
+                for iteration, sample_id, slot, state in groups
+            ]
+            for mix in self.mixes.values():
+                mix.observe(signals)
 
     def kind(self, stage: int) -> str:
         return self.curriculum.spec.stages[stage].sampler.kind

@@ -153,7 +153,7 @@ class Mixer:
         cursors = self.cursors(iteration, batch_size, stage_of)
         picks: list[tuple[str, int]] = []
         for source, count in self.quotas(stage_of(iteration), batch_size, iteration):
-            picks.extend((source, key) for key in self._take(source, cursors.get(source, 0), count))
+            picks.extend((source, key) for key in self.take(source, cursors.get(source, 0), count))
         return self.order(picks, iteration, batch_size)
 
     def order(self, picks: list[tuple[str, int]], iteration: int, batch_size: int) -> list[tuple[str, int]]:
@@ -162,7 +162,7 @@ class Mixer:
         random.Random(derive_key(self.curriculum.seed, "order", iteration, batch_size)).shuffle(picks)
         return picks
 
-    def _take(self, source: str, start: int, count: int) -> list[int]:
+    def take(self, source: str, start: int, count: int) -> list[int]:
         """The record keys at stream positions ``start .. start+count-1``, without a repeat when the source
         has at least ``count`` rows (see the module docstring)."""
         size = self._sizes[source]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from proctor.server.curriculum.adaptive import AdaptiveSampling, finite_sizes
 from proctor.server.curriculum.engine import StageSchedule
@@ -93,16 +94,36 @@ class CurriculumProgress:
         return stage, list(transitions)
 
     def draw(self, iteration: int, batch_size: int, mixer: Mixer) -> IterationDraw:
-        """Begin a new iteration (:meth:`begin`) and draw its batch: in closed form for a ``uniform`` stage,
-        by the stage's sampler otherwise."""
+        """Begin a new iteration (:meth:`begin`) and draw its batch: in closed form for a stage with a fixed mix
+        and uniform records; otherwise with the quotas of its learning-progress mix and its records from the
+        stage's sampler (or each source's stream, for uniform records)."""
         stage, transitions = self.begin(iteration, batch_size)
         out = IterationDraw(iteration, stage, transitions)
         sampler = self.adaptive.sampler(stage)
-        if sampler is None:
+        mix = self.adaptive.mixes.get(stage)
+        if sampler is None and mix is None:
             out.picks = mixer.draw(iteration, batch_size, self.stage_of)
             return out
+        state = self.adaptive.state
+        mixed: dict[str, Any] = {}
+        if mix is None:
+            quotas = mixer.quotas(stage, batch_size, iteration)
+        else:
+            weights, signals = mix.weights(), mix.signals()
+            quotas = mix.quotas(weights, batch_size, state.mix_credits.setdefault(str(stage), {}), iteration)
+            mixed = {"mix": {"weights": weights, "signals": signals, "quotas": dict(quotas)}}
+            self.timeline.mixed(iteration, weights)
+        if sampler is None:
+            picks: list[tuple[str, int]] = []
+            for source, count in quotas:
+                if source not in state.streams:  # where the stage's fixed mix would have left the stream
+                    state.streams[source] = mixer.cursors(iteration, batch_size, self.stage_of).get(source, 0)
+                picks.extend((source, key) for key in mixer.take(source, state.streams[source], count))
+                state.streams[source] += count
+            out.picks = mixer.order(picks, iteration, batch_size)
+            out.decision = DecisionRow("uniform", state.to_json(), mixed)
+            return out
         tally = self.statistics.stages[stage]
-        quotas = mixer.quotas(stage, batch_size, iteration)
         decision, parts = self.adaptive.draw(sampler, iteration, quotas, StageFeedback(tally.rolling, tally.graded))
 
         def steps() -> Iterator[None]:
@@ -112,7 +133,7 @@ class CurriculumProgress:
                 yield
             out.picks = mixer.order(picks, iteration, batch_size)
             out.decision = DecisionRow(
-                decision.sampler, self.adaptive.state.to_json(), decision.detail, sampler.served(decision)
+                decision.sampler, state.to_json(), {**decision.detail, **mixed}, sampler.served(decision)
             )
 
         out._steps = steps()
@@ -130,5 +151,6 @@ class CurriculumProgress:
             for row, status in new
         )
         self.adaptive.graded(stored.items)
+        self.adaptive.observe_groups(stored.groups)
         self.timeline.graded(((row, status == "replaced_error") for row, status in new), stored.groups)
         return [row for row, _ in new], touched

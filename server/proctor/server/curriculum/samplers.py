@@ -65,12 +65,16 @@ class StageFeedback:
 class SamplerState:
     """Everything the samplers carry from one iteration to the next, besides the per-record state: the epoch
     of each source (weighted samplers), each source's stream position (skip_zero_variance) and each stage's
-    target difficulty. JSON-able; recorded with every iteration an adaptive stage decides."""
+    target difficulty; for a ``learning_progress`` stage, what each source is owed by the stage's quotas and,
+    where its records are chosen uniformly, each source's stream position. JSON-able; recorded with every
+    iteration an adaptive stage decides."""
 
     epochs: dict[str, int] = field(default_factory=dict)
     cursors: dict[str, int] = field(default_factory=dict)
     targets: dict[str, float] = field(default_factory=dict)
     target_graded: dict[str, int] = field(default_factory=dict)
+    mix_credits: dict[str, dict[str, float]] = field(default_factory=dict)  # by stage, then source
+    streams: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +82,8 @@ class SamplerState:
             "cursors": dict(self.cursors),
             "targets": dict(self.targets),
             "target_graded": dict(self.target_graded),
+            "mix_credits": {stage: dict(credits) for stage, credits in self.mix_credits.items()},
+            "streams": dict(self.streams),
         }
 
     @classmethod
@@ -87,6 +93,11 @@ class SamplerState:
             cursors={str(k): int(v) for k, v in data.get("cursors", {}).items()},
             targets={str(k): float(v) for k, v in data.get("targets", {}).items()},
             target_graded={str(k): int(v) for k, v in data.get("target_graded", {}).items()},
+            mix_credits={
+                str(stage): {str(k): float(v) for k, v in credits.items()}
+                for stage, credits in data.get("mix_credits", {}).items()
+            },
+            streams={str(k): int(v) for k, v in data.get("streams", {}).items()},
         )
 
 

@@ -5,7 +5,7 @@ the grade ledger move it on."""
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from proctor.server.state.rows import GradeRow, GroupChange, IterationTotals
@@ -25,6 +25,7 @@ class IterationTally:
     reward_sum: float = 0.0
     groups: int = 0
     zero_variance_groups: int = 0
+    mix_weights: dict[str, float] | None = None  # a learning-progress stage's source weights
 
     @property
     def mean_reward(self) -> float | None:
@@ -37,16 +38,37 @@ class Timeline:
         self._tallies: OrderedDict[int, IterationTally] = OrderedDict()
         self.errors: deque[tuple[int, str, str]] = deque(maxlen=RECENT_ERRORS)  # newest first
 
-    def restore(self, totals: Iterable[IterationTotals], errors: Sequence[tuple[int, str, str]]) -> None:
+    def restore(
+        self,
+        totals: Iterable[IterationTotals],
+        errors: Sequence[tuple[int, str, str]],
+        mix_weights: Mapping[int, dict[str, float]] | None = None,
+    ) -> None:
+        weights = mix_weights or {}
         for t in totals:
             self._add(
-                IterationTally(t.iteration, t.stage, t.graded, t.errors, t.reward_sum, t.groups, t.zero_variance_groups)
+                IterationTally(
+                    t.iteration,
+                    t.stage,
+                    t.graded,
+                    t.errors,
+                    t.reward_sum,
+                    t.groups,
+                    t.zero_variance_groups,
+                    weights.get(t.iteration),
+                )
             )
         self.errors.clear()
         self.errors.extend(errors)
 
     def served(self, iteration: int, stage: int) -> None:
         self._add(IterationTally(iteration, stage))
+
+    def mixed(self, iteration: int, weights: dict[str, float]) -> None:
+        """The source weights a learning-progress stage served ``iteration`` with."""
+        tally = self._tallies.get(iteration)
+        if tally is not None:
+            tally.mix_weights = dict(weights)
 
     def _add(self, tally: IterationTally) -> None:
         self._tallies[tally.iteration] = tally

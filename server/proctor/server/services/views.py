@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from proctor.server import __version__
 from proctor.server.curriculum.loader import Curriculum
@@ -73,6 +74,29 @@ def graders(curriculum: Curriculum, settings: Settings) -> wire.Graders:
     )
 
 
+# The latest iterations of a learning-progress stage whose weights `GET /curriculum` lists.
+MIX_HISTORY = 64
+
+
+def _mixing(progress: CurriculumProgress, stage: int) -> dict[str, Any]:
+    """What ``GET /curriculum`` shows of a stage's mixing: its kind, and a learning-progress stage's weights now,
+    its sources' signals and its latest iterations' weights."""
+    mix = progress.adaptive.mixes.get(stage)
+    if mix is None:
+        return {}
+    history = [
+        wire.MixPoint(iteration=t.iteration, weights=t.mix_weights)
+        for t in progress.timeline.tallies()
+        if t.stage == stage and t.mix_weights is not None
+    ]
+    return {
+        "mixing": "learning_progress",
+        "mix_weights": mix.weights(),
+        "learning_signals": mix.signals(),
+        "mix_history": history[-MIX_HISTORY:],
+    }
+
+
 def curriculum_state(progress: CurriculumProgress) -> wire.CurriculumState:
     c, schedule = progress.curriculum, progress.schedule
     starts: dict[int, int] = {0: 0}
@@ -94,6 +118,7 @@ def curriculum_state(progress: CurriculumProgress) -> wire.CurriculumState:
             rolling_reward=tally.rolling,
             rolling_count=len(tally.window),
             sampler=c.spec.stages[s.index].sampler.kind,
+            **_mixing(progress, s.index),
         )
         for s, tally in zip(c.stages, progress.statistics.stages, strict=True)
     ]
@@ -149,6 +174,7 @@ def dashboard(progress: CurriculumProgress) -> wire.Dashboard:
                 mean_reward=t.mean_reward,
                 groups=t.groups,
                 zero_variance_groups=t.zero_variance_groups,
+                mix_weights=t.mix_weights,
             )
             for t in progress.timeline.tallies()
         ],

@@ -65,9 +65,12 @@ class GradeRow:
 
 @dataclass(frozen=True, slots=True)
 class GroupChange:
-    """A group that got grades: its state before (``n == 0`` when new) and after."""
+    """A group that got grades: its key, its record's source, its state before (``n == 0`` when new) and after."""
 
     iteration: int
+    sample_id: str
+    slot: int
+    source: str
     before: GroupState
     after: GroupState
 

@@ -207,7 +207,8 @@ class GradeQueries(StateConnection):
                 " last_iteration = excluded.last_iteration, last_slot = excluded.last_slot",
                 params,
             )
-        changes = [GroupChange(k[0], first[k], groups[k]) for k in group_keys]
+        source_of = {(r.key[0], r.key[1], r.key[2]): r.source for r in rows}
+        changes = [GroupChange(k[0], k[1], k[2], source_of[k], first[k], groups[k]) for k in group_keys]
         return [(source, key, items[(source, key)]) for source, key in record_keys], changes
 
 

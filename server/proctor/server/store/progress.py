@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proctor.server.state.items import ZERO_VARIANCE
+from proctor.server.state.items import ZERO_VARIANCE, GroupState
 from proctor.server.state.rows import (
     IterationTotals,
     StageTotals,
@@ -46,6 +46,18 @@ class ProgressQueries(StateConnection):
             "SELECT key, passes, fails, groups, streak, served_epoch FROM items WHERE source = ?", (source,)
         )
         return [(key, passes, fails, groups, streak, served) for key, passes, fails, groups, streak, served in rows]
+
+    def latest_groups(self, limit: int) -> list[tuple[int, str, int, GroupState]]:
+        """The latest ``limit`` groups by iteration, ``(iteration, sample_id, slot, state)``, oldest first."""
+        rows = self._db.execute(
+            "SELECT iteration, sample_id, slot, n, mean, m2 FROM groups"
+            " ORDER BY iteration DESC, sample_id DESC, slot DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [
+            (iteration, sample_id, slot, GroupState(n, mean, m2))
+            for iteration, sample_id, slot, n, mean, m2 in reversed(rows)
+        ]
 
     def last_decision(self) -> tuple[int, dict[str, Any]] | None:
         """The latest iteration an adaptive stage decided, and the samplers' state after it."""
