@@ -50,3 +50,18 @@ def test_the_deploying_page_shows_the_balancer_configuration_the_tests_run() -> 
     [block] = re.findall(r"```nginx\n(.*?)```", page, flags=re.DOTALL)
     upstreams = re.findall(r"server (\S+) max_fails", block)
     assert block == nginx_config(upstreams, "8000")
+
+
+def test_the_learning_progress_example_of_the_curricula_page_loads(tmp_path: Path) -> None:
+    from proctor.server.curriculum.adaptive import learning_progress_mixes
+    from proctor.server.curriculum.loader import load_curriculum
+
+    page = (ROOT / "docs" / "curricula.md").read_text()
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", page, flags=re.DOTALL) if "learning_progress" in b]
+    path = tmp_path / "ladder.yaml"
+    path.write_text(block)
+    curriculum = load_curriculum(path)
+    [mix] = learning_progress_mixes(curriculum).values()
+    assert mix.sources == ("easy", "medium", "hard")
+    assert (mix.params.floor, mix.params.temperature, mix.params.window) == (0.05, 0.1, 64)
+    assert curriculum.spec.stages[0].sampler.kind == "skip_zero_variance"

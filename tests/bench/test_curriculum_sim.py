@@ -39,11 +39,12 @@ def test_the_quick_run_prints_every_table(
     bench.main(["--quick"])
 
     out = capsys.readouterr().out
-    learning = _table(out, "curriculum |")
-    assert [row[0] for row in learning] == [*(v.name for v in bench.VARIANTS), bench.ORACLE]
-    assert all(len(row) == 5 for row in learning)
-    assert learning[0][3] in ("1.00×", "-")  # uniform against itself (or no base when it never got there)
-    lags = _table(out, f"{saved['curriculum_sim']['learning']['best']}: statistics lag")
+    for learner in bench.LEARNERS:
+        learning = _table(out, f"curriculum ({learner.name} learner) |")
+        assert [row[0] for row in learning] == [*(v.name for v in bench.VARIANTS), bench.ORACLE]
+        assert all(len(row) == 7 for row in learning)
+        assert learning[0][4] in ("1.00×", "-")  # uniform against itself (or no base when it never got there)
+    lags = _table(out, f"{saved['curriculum_sim']['learning']['best']['per source']}: statistics lag")
     assert [row[0] for row in lags] == ["0", "1", "2"]
     latency = _table(out, "sampler (100,000 records, batch 32)")
     assert [row[0] for row in latency] == [name for name, _ in bench.LATENCY_SAMPLERS]
@@ -53,6 +54,7 @@ def test_the_quick_run_prints_every_table(
     result = saved["curriculum_sim"]
     assert result["seeds"] == 1 and result["steps"] == 60
     assert {r["variant"] for r in result["learning"]["runs"]} == {v.name for v in bench.VARIANTS} | {bench.ORACLE}
+    assert {r["learner"] for r in result["learning"]["runs"]} == {learner.name for learner in bench.LEARNERS}
     assert all(r["iterations"] == 30 for r in result["latency"])
 
 
@@ -62,3 +64,11 @@ def test_the_staged_curriculum_is_a_gated_ladder_over_the_sources() -> None:
     assert text.count("advance: {threshold: 0.8") == bench.SOURCES - 1
     assert text.count("replay: 0.1") == bench.SOURCES - 1
     assert "sampler" not in text
+
+
+def test_the_learning_progress_curricula_set_their_weights_by_learning_progress() -> None:
+    mixed = [v for v in bench.VARIANTS if v.mixing is not None]
+    assert [v.name for v in mixed] == ["learning_progress", "learning_progress + skip_zero_variance"]
+    for variant in mixed:
+        text = bench.curriculum_yaml(variant, 600, seed=2)
+        assert "mixing: {kind: learning_progress}" in text and "advance" not in text

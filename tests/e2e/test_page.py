@@ -412,6 +412,10 @@ def long_run() -> Dashboard:
                 mean_reward=None if graded == 0 else -1 + (it % 50) / 20,
                 groups=0 if it % 11 == 0 else 8,
                 zero_variance_groups=0 if it % 11 == 0 else it % 9,
+                # The last stage mixes by learning progress: its weights move between its two sources.
+                mix_weights=None
+                if index < 2
+                else {"<u>src1</u>": 0.2 + (it % 60) / 100, "src2": 0.8 - (it % 60) / 100},
             )
         )
     errors = [
@@ -464,6 +468,7 @@ def test_the_page_draws_edge_cases_and_survives_a_failing_server(browser: Browse
         assert "No transitions yet" in text(browser, "#transitions")
         assert "No iterations sampled yet" in text(browser, "#reward")
         assert "No grader errors." in text(browser, "#errors")
+        assert browser.evaluate("document.getElementById('mix-panel').hidden") is True  # no learning_progress stage
         assert "no graded groups yet" in text(browser, "#pass-rates [data-source=words]")
         assert "not tracked" in text(browser, "#pass-rates [data-source=sums]")
 
@@ -479,6 +484,11 @@ def test_the_page_draws_edge_cases_and_survives_a_failing_server(browser: Browse
         assert len(texts(browser, "#reward .pt")) == sum(p.mean_reward is not None for p in run.iterations)
         assert len(texts(browser, "#zero-variance .bar")) == sum(p.groups > 0 for p in run.iterations)
         assert len(texts(browser, "#timeline .band")) == 3
+        # The source weights: a line per source over the learning_progress stage's iterations.
+        assert browser.evaluate("document.getElementById('mix-panel').hidden") is False
+        assert attrs(browser, "#mix .wline", "data-source") == ["<u>src1</u>", "src2"]
+        assert texts(browser, "#mix-legend .stage-name") == ["<u>src1</u>", "src2"]
+        assert browser.evaluate("document.querySelector('#mix .wline').getAttribute('d').split('M').length") == 2
         listed = texts(browser, "#transitions li.transition")
         assert [run.transitions[0].reason in listed[0], "reached until_step 1500" in listed[1]] == [True, True]
         assert len(texts(browser, "#errors tr.error")) == 20

@@ -80,6 +80,40 @@ def test_the_skill_moves_by_the_exact_grpo_gradient_and_only_on_groups_that_diff
     assert learner.held_out_pass_rate() == pytest.approx(1 / (1 + math.exp(-learner.skill_of("a"))))
 
 
+def test_a_per_record_learner_keeps_part_of_each_step_with_the_record() -> None:
+    population = Population({"a": np.zeros(4)}, {}, {"a": np.zeros(2)}, {}, seed=0)
+    whole = Learner(population, LearnerModel(group_size=4), seed=0)
+    split = Learner(population, LearnerModel(group_size=4, record_share=0.5), seed=0)
+    picks = [("a", 0), ("a", 1)]
+    rewards = np.array([[1, 0, 1, 0], [1, 1, 1, 1]], dtype=np.float64)
+
+    whole.learn(picks, rewards)
+    split.learn(picks, rewards)
+
+    assert split.skill_of("a") == pytest.approx(whole.skill_of("a") / 2)
+    # Record 0's own logit moves by half of step_size · mean |A| (1 for a half-right group); record 1 scored alike.
+    assert split.record_skill["a"].tolist() == pytest.approx([0.5 * (1 / (1 + 2e-4)), 0.0, 0.0, 0.0])
+    assert split.pass_probability([("a", 0)])[0] > split.pass_probability([("a", 2)])[0]
+    # Held-out records have no logit of their own; the sources' own records do.
+    assert split.held_out_pass_rate() == pytest.approx(1 / (1 + math.exp(-split.skill_of("a"))))
+    assert split.trained_pass_rate() > split.held_out_pass_rate()
+    with pytest.raises(ValueError, match=r"record_share must be in \[0, 1\), got 1.0"):
+        Learner(population, LearnerModel(record_share=1.0), seed=0)
+
+
+def test_a_run_counts_the_rollouts_it_generated(write_curriculum: WriteCurriculum) -> None:
+    curriculum = _ladder(write_curriculum)
+    population = population_from_curriculum(curriculum, seed=1, held_out=100)
+
+    result = simulate(curriculum, population, steps=30, batch_size=8, model=LearnerModel(group_size=4))
+
+    assert [s.rollouts for s in result.steps] == [8 * 4 * (n + 1) for n in range(30)]
+    target = result.steps[-1].held_out
+    steps = result.steps_to(target)
+    assert steps is not None and result.rollouts_to(target) == steps * 8 * 4
+    assert result.steps_to(2.0) is None and result.rollouts_to(2.0) is None
+
+
 def test_a_run_is_a_function_of_its_seed(write_curriculum: WriteCurriculum) -> None:
     curriculum = _ladder(write_curriculum, {"kind": "learnability"})
     population = population_from_curriculum(curriculum, seed=1, held_out=100)

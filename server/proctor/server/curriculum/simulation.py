@@ -6,6 +6,12 @@ source; a completion of record ``i`` passes (reward 1) with probability ``σ(s_s
 (reward 0). Each prompt gets ``G`` completions, drawn from a seeded generator. Nothing carries over between
 sources: a source's skill grows from its own groups only.
 
+**A per-record learner** (``record_share`` ρ > 0): record ``i`` also has a logit of its own, ``r_i``, and
+passes with probability ``σ(s_source + r_i − d_i)``. Of each group's step, the source's skill takes ``1 − ρ``
+and the group's own record ``ρ · step_size · mean_j |A_j|``: a record is learned partly on its own, so choosing
+which records come back can pay. It is measured on the sources' own records (``trained_pass_rate``), since a
+held-out record has no logit of its own.
+
 **The update** is one GRPO step on that learner: advantages ``A_j = (r_j − mean) / (std + 1e-4)`` within each
 group (the population std), the loss ``mean over the batch's completions of A_j · log π(y_j)``. Its gradient
 with respect to a source's skill is exactly ``(1 / 2B) · Σ_groups mean_j |A_j|`` over that source's groups
@@ -84,11 +90,13 @@ ADVANTAGE_EPS = 1e-4
 
 @dataclass(frozen=True, slots=True)
 class LearnerModel:
-    """The learner's constants (see the module docstring for why these values)."""
+    """The learner's constants (see the module docstring for why these values). ``record_share`` is the part of
+    each group's step that its own record learns (the per-record learner); 0 is the per-source learner."""
 
     group_size: int = 8
     step_size: float = 1.0
     initial_skill: float = 0.0
+    record_share: float = 0.0
 
 
 def source_range(position: float) -> tuple[float, float]:
@@ -202,12 +210,17 @@ def advantage_mass(rewards: FloatArray) -> FloatArray:
 
 
 class Learner:
-    """The simulated policy: one skill per source, trained by :meth:`learn` (see the module docstring)."""
+    """The simulated policy: one skill per source and, with a ``record_share``, one per record; trained by
+    :meth:`learn` (see the module docstring)."""
 
     def __init__(self, population: Population, model: LearnerModel, seed: int) -> None:
+        if not 0.0 <= model.record_share < 1.0:
+            raise ValueError(f"record_share must be in [0, 1), got {model.record_share}")
         self.population = population
         self.model = model
         self.skill: dict[str, float] = {}
+        # A record's own skill, for the records of finite sources (an endless source's records never come back).
+        self.record_skill = {source: np.zeros(len(table)) for source, table in population.tables.items()}
         self._rng = np.random.default_rng(derive_key(seed, "learner"))
 
     def skill_of(self, source: str) -> float:
@@ -219,8 +232,11 @@ class Learner:
             by_source.setdefault(source, []).append(n)
         out = np.empty(len(picks), dtype=np.float64)
         for source, slots in by_source.items():
-            d = self.population.difficulties(source, [picks[n][1] for n in slots])
-            out[slots] = _sigmoid(self.skill_of(source) - d)
+            keys = [picks[n][1] for n in slots]
+            logit = self.skill_of(source) - self.population.difficulties(source, keys)
+            if source in self.record_skill:
+                logit = logit + self.record_skill[source][np.asarray(keys, dtype=np.int64)]
+            out[slots] = _sigmoid(logit)
         return out
 
     def attempt(self, picks: Sequence[tuple[str, int]]) -> FloatArray:
@@ -231,18 +247,32 @@ class Learner:
         return rewards
 
     def learn(self, picks: Sequence[tuple[str, int]], rewards: FloatArray) -> None:
-        """One GRPO step on the batch."""
+        """One GRPO step on the batch: the source's skill takes ``1 − record_share`` of each group's step, and the
+        group's own record learns ``record_share`` of ``step_size · mean |A|`` (it is one of the batch's groups,
+        but the record's logit is its own)."""
         mass = advantage_mass(rewards)
-        scale = self.model.step_size / (2 * len(picks))
-        for (source, _), m in zip(picks, mass, strict=True):
+        share = self.model.record_share
+        scale = (1.0 - share) * self.model.step_size / (2 * len(picks))
+        for (source, key), m in zip(picks, mass, strict=True):
             if m > 0:
                 self.skill[source] = self.skill_of(source) + scale * float(m)
+                if share > 0 and source in self.record_skill:
+                    self.record_skill[source][key] += share * self.model.step_size * float(m)
 
     def held_out_pass_rate(self) -> float:
         """The expected pass rate over the held-out records, each counted once."""
         total, count = 0.0, 0
         for source, d in self.population.held_out.items():
             total += float(_sigmoid(self.skill_of(source) - d).sum())
+            count += len(d)
+        return total / count if count else 0.0
+
+    def trained_pass_rate(self) -> float:
+        """The expected pass rate over the finite sources' own records, each counted once: what a per-record
+        learner is measured by (held-out records have no skill of their own)."""
+        total, count = 0.0, 0
+        for source, d in self.population.tables.items():
+            total += float(_sigmoid(self.skill_of(source) - d + self.record_skill[source]).sum())
             count += len(d)
         return total / count if count else 0.0
 
@@ -258,6 +288,8 @@ class StepRecord:
     stage: int
     held_out: float  # after the learner's step on this iteration's batch
     zero_variance: float  # share of this iteration's groups whose completions all scored alike
+    rollouts: int = 0  # completions generated up to and including this iteration
+    trained: float = 0.0  # the pass rate over the sources' own records, after the step
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,12 +327,18 @@ class SimulationResult:
     transitions: list[TransitionRecord]
     skills: dict[str, float]
 
-    def steps_to(self, target: float) -> int | None:
-        """Iterations run until the held-out pass rate first reached ``target``; None if it never did."""
+    def steps_to(self, target: float, *, trained: bool = False) -> int | None:
+        """Iterations run until the held-out pass rate (or, ``trained``, the pass rate over the sources' own
+        records) first reached ``target``; None if it never did."""
         for n, step in enumerate(self.steps):
-            if step.held_out >= target:
+            if (step.trained if trained else step.held_out) >= target:
                 return n + 1
         return None
+
+    def rollouts_to(self, target: float, *, trained: bool = False) -> int | None:
+        """Completions generated until the pass rate :meth:`steps_to` reads first reached ``target``."""
+        steps = self.steps_to(target, trained=trained)
+        return None if steps is None else self.steps[steps - 1].rollouts
 
     @property
     def zero_variance_share(self) -> float:
@@ -324,10 +362,12 @@ def simulate(
     lag: int = 1,
     seed: int = 0,
     stop_at: float | None = None,
+    stop_on_trained: bool = False,
     top: int = 5,
 ) -> SimulationResult:
-    """Train a :class:`Learner` on ``curriculum`` for ``steps`` iterations (fewer when the held-out pass rate
-    reaches ``stop_at``), the server's statistics ``lag`` iterations behind (see the module docstring)."""
+    """Train a :class:`Learner` on ``curriculum`` for ``steps`` iterations (fewer when the held-out pass rate,
+    or with ``stop_on_trained`` the pass rate over the sources' own records, reaches ``stop_at``), the server's
+    statistics ``lag`` iterations behind (see the module docstring)."""
     if lag < 0:
         raise ValueError(f"lag must be 0 or more iterations, got {lag}")
     if batch_size < 1:
@@ -342,6 +382,7 @@ def simulate(
         mixer = Mixer(curriculum)
         pending: deque[tuple[int, list[GradeRow]]] = deque()
         initial = held_out = learner.held_out_pass_rate()
+        rollouts = 0
         records: list[StepRecord] = []
         runs: list[StageRun] = []
         served: Counter[tuple[str, int]] = Counter()  # by the stage being run
@@ -367,9 +408,10 @@ def simulate(
 
             rewards = learner.attempt(picks)
             learner.learn(picks, rewards)
-            held_out = learner.held_out_pass_rate()
+            held_out, trained = learner.held_out_pass_rate(), learner.trained_pass_rate()
             alike = int((rewards.min(axis=1) == rewards.max(axis=1)).sum())
-            records.append(StepRecord(iteration, draw.stage, held_out, alike / len(picks)))
+            rollouts += rewards.size
+            records.append(StepRecord(iteration, draw.stage, held_out, alike / len(picks), rollouts, trained))
             run.stop, run.held_out_end = iteration + 1, held_out
             run.groups += len(picks)
             run.zero_variance_groups += alike
@@ -379,7 +421,7 @@ def simulate(
             while pending and pending[0][0] <= iteration - lag:
                 rows = pending.popleft()[1]
                 progress.graded(rows, store.insert_grades(rows))
-            if stop_at is not None and held_out >= stop_at:
+            if stop_at is not None and (trained if stop_on_trained else held_out) >= stop_at:
                 break
         if runs:
             _close(runs[-1], served, progress, curriculum, top)

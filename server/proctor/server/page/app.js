@@ -282,6 +282,7 @@
     renderTransitions(d);
     renderReward(d);
     renderZeroVariance(d);
+    renderMix(d);
     renderPassRates(d);
     renderErrors(d);
   }
@@ -636,6 +637,59 @@
     parts.push(f.axis, f.hover);
     el.innerHTML = svg(W, H, parts.join(""));
     iterationHover(el, d, f.x, (p) => (p.groups ? y(p.zero_variance_groups / p.groups) : null));
+  }
+
+  // A learning_progress stage's source weights, one line per source; the panel shows only when a stage has them.
+  function renderMix(d) {
+    const el = $("mix");
+    const mixed = d.iterations.filter((p) => p.mix_weights);
+    $("mix-panel").hidden = !mixed.length;
+    if (!mixed.length) {
+      el.innerHTML = "";
+      el.hover = null;
+      return;
+    }
+    const sources = [];
+    for (const p of mixed) for (const s of Object.keys(p.mix_weights)) if (!sources.includes(s)) sources.push(s);
+    $("mix-legend").innerHTML = sources
+      .map((s, i) => `<span class="stage-name ${st(i)}"><span class="swatch"></span><span>${esc(s)}</span></span>`)
+      .join("");
+    const W = widthOf(el);
+    const H = 180;
+    const m = { l: 46, r: 14, t: 10, b: 24 };
+    const f = iterationFrame(d, W, H, m);
+    const y = scale(0, 1, H - m.b, m.t);
+    const parts = [f.shades, yGrid(y, [0, 0.25, 0.5, 0.75, 1], m.l, W - m.r, pct), f.guides];
+    sources.forEach((source, i) => {
+      // Broken where an iteration has no weight for the source (a fixed stage, or a stage without it).
+      let path = "";
+      let previous = null;
+      for (const p of d.iterations) {
+        const w = p.mix_weights ? p.mix_weights[source] : undefined;
+        if (w == null) {
+          previous = null;
+          continue;
+        }
+        path += `${previous == null ? "M" : "L"}${n2(f.x(p.iteration))} ${n2(y(w))}`;
+        previous = p.iteration;
+      }
+      parts.push(`<path class="wline ${st(i)}" data-source="${esc(source)}" d="${path}"/>`);
+    });
+    parts.push(f.axis, f.hover);
+    el.innerHTML = svg(W, H, parts.join(""));
+    el.hover = (px) => {
+      const p = nearest(d.iterations, f.x.invert(px));
+      const line = el.querySelector(".hover-line");
+      const xp = n2(f.x(p.iteration));
+      line.setAttribute("x1", xp);
+      line.setAttribute("x2", xp);
+      line.setAttribute("visibility", "visible");
+      const head = `<b>iteration ${int(p.iteration)}</b> · ${esc(p.stage)}`;
+      if (!p.mix_weights) return `${head}<br>fixed mix`;
+      const rows = Object.entries(p.mix_weights).map(([s, w]) => `${esc(s)} ${pct(w)}`);
+      return `${head}<br>${rows.join(" · ")}`;
+    };
+    el.unhover = () => el.querySelector(".hover-line").setAttribute("visibility", "hidden");
   }
 
   function renderPassRates(d) {
