@@ -69,11 +69,14 @@ import numpy.typing as npt
 from bench._http import Connection
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
+from proctor.server.curriculum.adaptive import AdaptiveSampling, finite_sizes
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
 from proctor.server.curriculum.mixing import Mixer
 from proctor.server.curriculum.permutation import derive_key
+from proctor.server.curriculum.samplers import SamplerState, StageFeedback
 from proctor.server.curriculum.simulation import Learner, LearnerModel, Population, simulate, source_range
 from proctor.server.sources.base import Source
+from proctor.server.state.items import ItemState, ItemStatistics
 
 __all__ = ["LEARNERS", "VARIANTS", "main", "run"]
 
@@ -484,6 +487,63 @@ def latency_table(rows: Sequence[dict[str, Any]], records: int) -> str:
     return "\n".join(lines)
 
 
+# --- cost per draw ------------------------------------------------------------------------------------------
+
+DRAW_SIZES = (10_000, 100_000, 1_000_000)
+
+
+def draw_costs(sizes: Sequence[int], iterations: int) -> list[dict[str, Any]]:
+    """Each adaptive sampler in this process, no server: batches of 32 from one source of ``n`` records, 10,000
+    of them graded, the target held still. The first batch builds the sampler's structures (a sum tree over
+    every record, for the weighted samplers); the later ones are the per-draw cost."""
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="proctor-draw-cost-") as tmp:
+        for name, sampler in LATENCY_SAMPLERS[1:]:
+            for n in sizes:
+                path = Path(tmp, "c.yaml")
+                path.write_text(latency_curriculum(sampler, n))
+                curriculum = load_curriculum(path)
+                items = ItemStatistics(finite_sizes(curriculum))
+                rng = np.random.default_rng(derive_key("draw-cost", n) % 2**32)
+                for key in rng.choice(n, min(n, 10_000), replace=False).tolist():
+                    items.set("arith", key, ItemState(float(key % 5), float(key % 3), 1, key % 2))
+                adaptive = AdaptiveSampling(curriculum, items, SamplerState())
+                still = StageFeedback(None, 0)
+                timings: list[float] = []
+                for iteration in range(iterations + 1):
+                    record = adaptive.sampler(0)
+                    assert record is not None
+                    started = time.perf_counter()
+                    _, parts = adaptive.draw(record, iteration, [("arith", BATCH)], still)
+                    for _ in parts:
+                        pass
+                    timings.append(time.perf_counter() - started)
+                steady = [t / BATCH * 1e6 for t in timings[1:]]
+                rows.append(
+                    {
+                        "sampler": name,
+                        "records": n,
+                        "first_ms": timings[0] * 1000,
+                        "per_record_us_p50": _percentile(steady, 0.5),
+                        "per_record_us_p99": _percentile(steady, 0.99),
+                    }
+                )
+    return rows
+
+
+def draw_cost_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        f"| sampler (batch {BATCH}) | records | first batch ms (builds) | per record µs, p50 | per record µs, p99 |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['sampler']} | {r['records']:,} | {r['first_ms']:.1f} | {r['per_record_us_p50']:.1f} "
+            f"| {r['per_record_us_p99']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 # --- the run ----------------------------------------------------------------------------------------------
 
 
@@ -499,6 +559,7 @@ def run(
     }
     out["learning_s"] = time.perf_counter() - started
     if not skip_latency:
+        out["draw_costs"] = draw_costs(DRAW_SIZES if records >= DRAW_SIZES[-1] else (records // 10, records), 200)
         out["latency"] = latency(latency_iterations, warm_up, records)
         out["latency_records"] = records
     return out
@@ -543,6 +604,8 @@ def report(out: dict[str, Any]) -> str:
         f"goal: best per-record sampler ({best.name}) ≤ {PER_RECORD_GOAL}× uniform's steps (per-record learner): "
         + _verdict(ratio, PER_RECORD_GOAL, steps)
     )
+    if "draw_costs" in out:
+        lines += ["", draw_cost_table(out["draw_costs"])]
     if "latency" in out:
         lines += ["", latency_table(out["latency"], out["latency_records"])]
         adaptive = [r for r in out["latency"] if r["sampler"] != "uniform"]

@@ -46,6 +46,10 @@ def test_the_quick_run_prints_every_table(
         assert learning[0][4] in ("1.00×", "-")  # uniform against itself (or no base when it never got there)
     lags = _table(out, f"{saved['curriculum_sim']['learning']['best']['per source']}: statistics lag")
     assert [row[0] for row in lags] == ["0", "1", "2"]
+    costs = _table(out, "sampler (batch 32) | records")
+    assert [(row[0], row[1]) for row in costs] == [
+        (name, n) for name, _ in bench.LATENCY_SAMPLERS[1:] for n in ("10,000", "100,000")
+    ]
     latency = _table(out, "sampler (100,000 records, batch 32)")
     assert [row[0] for row in latency] == [name for name, _ in bench.LATENCY_SAMPLERS]
     assert all(re.fullmatch(r"\d+\.\d", cell) for row in latency for cell in row[1:5])

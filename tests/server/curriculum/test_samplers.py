@@ -277,3 +277,50 @@ def test_target_difficulty_serves_records_near_the_target(write_curriculum: Writ
     picks = run.draw(0, 10)
     levels = [k % 7 for _, k in picks]
     assert levels == [0] * 10  # level 0 of 0..6 is difficulty 0.0: ten records there, served first
+
+
+@pytest.mark.parametrize("difficulty", ["pass_rate", "record"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=grades, rewards=st.lists(st.floats(0, 1), min_size=8, max_size=8))
+def test_preparing_the_next_target_after_grades_changes_no_draw(
+    write_curriculum: WriteCurriculum, difficulty: str, history: list[tuple[int, int, int, int]], rewards: list[float]
+) -> None:
+    """The target's trees rebuilt after a /grade (prepare) rather than in the next /sample: the same batches, the
+    same weights, whether or not more grades arrived in between."""
+    params = {"difficulty": difficulty, "step": 0.2, "width": 0.05}
+    cur = curriculum(write_curriculum, {"kind": "target_difficulty", "params": params}, sources=2)
+    eager, lazy = Run(cur), Run(cur)
+    for iteration, reward in enumerate(rewards):
+        feedback = StageFeedback(reward, 10 * (iteration + 1))
+        assert eager.draw(iteration, 6, feedback) == lazy.draw(iteration, 6, feedback)
+        for run in (eager, lazy):
+            for key, p, f, streak in history[iteration::8]:
+                run.grade("s0", key, p, f, streak)
+        sampler = eager.adaptive.sampler(0)
+        assert isinstance(sampler, TargetDifficultySampler)
+        # As the grading path does: the feedback the next iteration reads, prepared for now.
+        next_feedback = StageFeedback(rewards[(iteration + 1) % len(rewards)], 10 * (iteration + 2))
+        eager.adaptive.prepare(lambda stage, f=next_feedback: f)
+        if iteration % 3 == 0:  # and sometimes grades arrive after the preparation
+            for run in (eager, lazy):
+                run.grade("s1", iteration % 30, 2, 1)
+    last = StageFeedback(rewards[0], 10 * (len(rewards) + 1))  # the iteration the last preparation was for
+    assert eager.draw(len(rewards), 6, last) == lazy.draw(len(rewards), 6, last)
+    for source in ("s0", "s1"):
+        lazy_sampler = lazy.adaptive.sampler(0)
+        assert isinstance(lazy_sampler, TargetDifficultySampler)
+        assert sampler.weights(source).tolist() == lazy_sampler.weights(source).tolist()
+
+
+def test_target_difficulty_weights_are_the_same_for_every_record_at_once_or_one_by_one(
+    write_curriculum: WriteCurriculum,
+) -> None:
+    run = Run(curriculum(write_curriculum, {"kind": "target_difficulty"}, rows=30))
+    for key in range(30):
+        run.grade("s0", key, key % 7, key % 5)
+    run.draw(0, 4, StageFeedback(0.8, 100))
+    sampler = run.adaptive.sampler(0)
+    assert isinstance(sampler, TargetDifficultySampler)
+    every = sampler.weights("s0")
+    one_by_one = [int(sampler.weights("s0", np.array([k], dtype=np.int64))[0]) for k in range(30)]
+    assert every.tolist() == one_by_one

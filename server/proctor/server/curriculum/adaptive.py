@@ -4,7 +4,7 @@ the sampling service asks it for batches, the grade ledger tells it of new grade
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from proctor.server.curriculum.learning_progress import GroupSignal, LearningProgressMix
 from proctor.server.curriculum.loader import Curriculum
@@ -113,6 +113,13 @@ class AdaptiveSampling:
                     part += 1
 
         return decision, parts()
+
+    def prepare(self, feedback: Callable[[int], StageFeedback]) -> None:
+        """After new grades: the live sampler may do now what its next iteration would (``feedback(stage)`` is
+        what that iteration would read)."""
+        if self._live is not None:
+            stage, sampler = self._live
+            sampler.prepare(feedback(stage))
 
     def graded(self, changes: Sequence[tuple[str, int, ItemState]]) -> None:
         """New per-record state from the state file: kept, and the live sampler's weights follow it."""

@@ -152,5 +152,7 @@ class CurriculumProgress:
         )
         self.adaptive.graded(stored.items)
         self.adaptive.observe_groups(stored.groups)
+        tallies = self.statistics.stages
+        self.adaptive.prepare(lambda stage: StageFeedback(tallies[stage].rolling, tallies[stage].graded))
         self.timeline.graded(((row, status == "replaced_error") for row, status in new), stored.groups)
         return [row for row, _ in new], touched

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from proctor.server.curriculum.permutation import Permutation, derive_key
-from proctor.server.curriculum.sumtree import SumTree, quantize
+from proctor.server.curriculum.sumtree import WEIGHT_SCALE, SumTree, quantize
 from proctor.server.sources.base import Source
 from proctor.server.spec import (
     LearnabilityParams,
@@ -129,6 +129,10 @@ class RecordSampler(ABC):
     def begin(self, iteration: int, feedback: StageFeedback, decision: Decision) -> None:  # noqa: B027
         """Called once per iteration, before its sources are chosen from."""
 
+    def prepare(self, feedback: StageFeedback) -> None:  # noqa: B027
+        """New grades came in: work that the next :meth:`begin` would do with ``feedback`` may be done now, off the
+        ``/sample`` path, provided it changes nothing the choice depends on."""
+
     def served(self, decision: Decision) -> list[tuple[str, int, int]]:
         """``(source, key, epoch)`` of the records the decision served in an epoch, once it is complete (an
         epoch that began within the batch holds the batch's earlier records too): what the state file marks."""
@@ -186,7 +190,7 @@ class _WeightedEpochs(RecordSampler):
             served = self.items.served_epoch[source] == self.state.epochs.get(source, 0)
             self._weights[source] = weights
             self._totals[source] = int(weights.sum())
-            tree = self._trees[source] = SumTree(np.where(served, 0, weights))
+            tree = self._trees[source] = SumTree(weights, zero=served)
         return tree
 
     def invalidate(self) -> None:
@@ -274,6 +278,8 @@ class TargetDifficultySampler(_WeightedEpochs):
         super().__init__(stage, sources, items, state, seed, params)
         self.params = params
         self.static = static  # normalised difficulties, when they do not come from the pass rate
+        self._difficulties: dict[str, npt.NDArray[np.float64]] = {}  # 1 − p̂ of every record, by source
+        self._centre = self._grid(self.target)
 
     @property
     def target(self) -> float:
@@ -283,37 +289,88 @@ class TargetDifficultySampler(_WeightedEpochs):
         if self.static is not None:
             values = self.static[source]
             return values if keys is None else values[keys]
+        if keys is None:
+            # Every record's, kept between rebuilds (the target moves most iterations, the grades touch a few
+            # records each): computing it afresh is a quarter of a rebuild.
+            cached = self._difficulties.get(source)
+            if cached is None:
+                cached = self._difficulties[source] = 1.0 - self.items.pass_rate(source, self.prior)
+            return cached
         result: npt.NDArray[np.float64] = 1.0 - self.items.pass_rate(source, self.prior, keys)
         return result
 
     @property
     def centre(self) -> float:
-        """The kernel's centre: the target on a grid of width/8, so that the weights (a pass over every record)
-        are recomputed only when the target has moved by a step of that grid."""
+        """The kernel's centre, which every weight is computed for: the target on a grid of width/8, so that the
+        weights (a pass over every record) are recomputed only when the target has moved by a step of that grid.
+        :meth:`prepare` may move it ahead of the target, to where the next :meth:`begin` will put it."""
+        return self._centre
+
+    def _grid(self, target: float) -> float:
         grid = self.params.width / 8
-        return round(self.target / grid) * grid
+        return round(target / grid) * grid
+
+    def _recentre(self, centre: float) -> None:
+        if centre != self._centre:
+            self._centre = centre
+            self.invalidate()
 
     def fit(self, source: str, keys: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.float64]:
         z = (self.difficulty(source, keys) - self.centre) / self.params.width
         fit: npt.NDArray[np.float64] = np.exp(-0.5 * z * z)
         return fit
 
+    def weights(self, source: str, keys: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.int64]:
+        if keys is not None:
+            return super().weights(source, keys)
+        # Every record's weight, as `quantize(explore + (1 − explore) · fit)` computes it, operation for operation
+        # (so the same integers), but in one scratch array: the pass a moving target repeats most iterations.
+        buf = np.subtract(self.difficulty(source), self.centre)
+        np.divide(buf, self.params.width, out=buf)
+        kernel = np.multiply(-0.5, buf)
+        np.multiply(kernel, buf, out=kernel)
+        np.exp(kernel, out=kernel)
+        np.multiply(1.0 - self.explore, kernel, out=kernel)
+        np.add(self.explore, kernel, out=kernel)
+        np.clip(kernel, 0.0, 1.0, out=kernel)
+        np.multiply(kernel, WEIGHT_SCALE, out=kernel)
+        np.rint(kernel, out=kernel)
+        return kernel.astype(np.int64)
+
+    def _next_target(self, feedback: StageFeedback) -> float | None:
+        """Where :meth:`begin` moves the target given ``feedback``; None when it stays (no new grades)."""
+        if feedback.rolling_reward is None or feedback.graded <= self.state.target_graded.get(str(self.stage), 0):
+            return None
+        p = self.params
+        move = p.step * math.tanh(p.sensitivity * (feedback.rolling_reward - p.target_reward))
+        return min(1.0, max(0.0, self.target + move))
+
     def begin(self, iteration: int, feedback: StageFeedback, decision: Decision) -> None:
-        stage = str(self.stage)
-        seen = self.state.target_graded.get(stage, 0)
-        if feedback.rolling_reward is not None and feedback.graded > seen:
-            p = self.params
-            move = p.step * math.tanh(p.sensitivity * (feedback.rolling_reward - p.target_reward))
-            target = min(1.0, max(0.0, self.target + move))
+        target = self._next_target(feedback)
+        if target is not None:
+            stage = str(self.stage)
             self.state.target_graded[stage] = feedback.graded
-            centre = self.centre
             self.state.targets[stage] = target
-            if self.centre != centre:
-                self.invalidate()
+        self._recentre(self._grid(self.target))
         decision.detail["target"] = self.target
+
+    def prepare(self, feedback: StageFeedback) -> None:
+        """Rebuild the trees for the centre the next :meth:`begin` will move to, should no more grades arrive
+        first: after a ``/grade`` rather than in the next ``/sample``. Only the trees (a cache of the weights)
+        change; a restarted server that rebuilds them in :meth:`begin` draws the same."""
+        target = self._next_target(feedback)
+        if target is None or self._grid(target) == self._centre:
+            return
+        built = list(self._trees)
+        self._recentre(self._grid(target))
+        for source in built:
+            self._tree(source)
 
     def item_changed(self, source: str, key: int) -> None:
         if self.static is None:  # a static difficulty does not move with the grades
+            cached = self._difficulties.get(source)
+            if cached is not None:
+                cached[key] = self.difficulty(source, np.array([key], dtype=np.int64))[0]
             super().item_changed(source, key)
 
 
