@@ -1,7 +1,7 @@
 """``python -m bench [NAME [FLAG ...] ...]``: the benchmarks, one after the other, each printing its table.
 
 Names: math_grader, server_load, rollout_path, replicas, event_loop, memory_soak, experience_throughput, grading_roles,
-curriculum_sim, learning_run, trainer_overhead, batching, grpo_step (default: all).
+curriculum_sim, learning_run, curriculum_run, trainer_overhead, batching, grpo_step (default: all).
 The flags after a name, up to the next name, are that benchmark's own (``python -m bench memory_soak --quick
 server_load --no-baseline``). Run with the others (no name given), memory_soak soaks at a smaller size (see
 bench/memory_soak.py).
@@ -35,6 +35,7 @@ NAMES = (
     "grading_roles",
     "curriculum_sim",
     "learning_run",
+    "curriculum_run",
     "trainer_overhead",
     "batching",
     "grpo_step",
@@ -83,6 +84,10 @@ def main(args: Sequence[str]) -> None:
         from bench import learning_run
 
         learning_run.main(flags_after("learning_run", args))
+    if not only or "curriculum_run" in only:
+        from bench import curriculum_run
+
+        curriculum_run.main(flags_after("curriculum_run", args))
     if not only or "trainer_overhead" in only:
         from bench import trainer_overhead
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -26,15 +26,9 @@ def _table(text: str, head: str) -> list[list[str]]:
 
 @pytest.mark.e2e
 def test_the_quick_run_prints_every_table(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    saved_results: Callable[[ModuleType], dict[str, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    saved: dict[str, Any] = {}
-
-    def save(name: str, payload: Any) -> Path:  # the real results of a full run stay where they are
-        saved[name] = json.loads(json.dumps(payload))
-        return tmp_path / f"{name}.json"
-
-    monkeypatch.setattr(bench, "save", save)
+    saved = saved_results(bench)
 
     bench.main(["--quick"])
 

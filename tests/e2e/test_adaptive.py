@@ -69,12 +69,13 @@ GROUP = 4
 
 
 @pytest.fixture
-def serve(tmp_path: Path) -> Callable[[str], AbstractContextManager[str]]:
+def serve(tmp_path: Path, state_target: Callable[[str], str]) -> Callable[[str], AbstractContextManager[str]]:
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     (tmp_path / "adaptive.yaml").write_text(yaml.safe_dump(DOC, sort_keys=False))
 
     def start(state: str) -> AbstractContextManager[str]:
-        settings = Settings(curriculum=tmp_path / "adaptive.yaml", database_url=str(tmp_path / state), grader_workers=1)
+        target = state_target(str(tmp_path / state))
+        settings = Settings(curriculum=tmp_path / "adaptive.yaml", database_url=target, grader_workers=1)
         return serve_in_thread(create_app(settings))
 
     return start
