@@ -252,3 +252,39 @@ def test_a_restart_from_the_recorded_state_draws_what_the_first_would_have(
         assert a == b
         grade(first, cur, iteration, a)
         grade(restarted, cur, iteration, b)
+
+
+def test_a_gate_ends_a_learning_progress_stage(write_curriculum: WriteCurriculum) -> None:
+    files = {
+        f"{s}.jsonl": "".join(json.dumps({"prompt": f"{s} {i}", "answer": "1"}) + "\n" for i in range(ROWS))
+        for s in SOURCES
+    }
+    mix = [{"source": s} for s in SOURCES]
+    doc: dict[str, Any] = {
+        "name": "lp_gated",
+        "sources": {s: {"path": f"{s}.jsonl", "graders": ["exact_match"]} for s in SOURCES},
+        "stages": [
+            {
+                "name": "mixed",
+                "until_step": 100,
+                "mix": mix,
+                "mixing": {"kind": "learning_progress"},
+                "advance": {"threshold": 0.3, "window": 32, "min_steps": 3},
+            },
+            {"name": "after", "until_step": 200, "mix": [{"source": "easy"}]},
+        ],
+    }
+    cur = load_curriculum(write_curriculum(doc, files=files))
+    progress, mixer = CurriculumProgress.start(cur), Mixer(cur)
+    stages = []
+    for iteration in range(8):
+        d = progress.draw(iteration, 12, mixer)
+        for _ in d.steps():
+            pass
+        stages.append(d.stage)
+        assert (d.decision is not None) == (d.stage == 0)  # a fixed, uniform stage decides nothing to record
+        grade(progress, cur, iteration, d.picks)
+    # Mean reward about (0.97 + 0.5 + 0.02) / 3 ≈ 0.5 ≥ 0.3: the gate fires once min_steps have passed.
+    assert stages[:3] == [0, 0, 0] and stages[-1] == 1
+    [transition] = progress.schedule.transitions
+    assert transition.reason.startswith("gate: mean reward")
