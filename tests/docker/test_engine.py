@@ -139,13 +139,14 @@ def deployed(
 
 
 def answers(call: Callable[[], httpx.Response], d: Deployment) -> httpx.Response:
-    """``call()`` until it answers other than 502 or 503 (nothing serves yet, or a server is taking over) and
-    connects; a liveness bound, not a timing claim."""
+    """``call()`` until it answers other than 502, 503 or 504 (nothing serves yet, a server is taking over, or the
+    balancer timed out connecting to the servers that are gone and got no answer from the others) and connects;
+    a liveness bound, not a timing claim."""
     deadline = time.monotonic() + 180
     while True:
         try:
             answer = call()
-            if answer.status_code not in (502, 503):
+            if answer.status_code not in (502, 503, 504):
                 return answer
         except httpx.TransportError:
             pass
