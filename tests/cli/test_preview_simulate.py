@@ -104,3 +104,19 @@ def test_a_flag_that_is_not_a_number_is_refused(ladder: Path, capsys: pytest.Cap
     with pytest.raises(SystemExit):
         main(["preview", str(ladder), "--simulate", "--lag", "soon"])
     assert "argument --lag: invalid int value: 'soon'" in capsys.readouterr().err
+
+
+def test_simulate_shows_a_learning_progress_stage_moving_its_weights(
+    ladder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load(ladder.read_text())
+    doc["stages"][1]["mixing"] = {"kind": "learning_progress", "params": {"floor": 0.1}}
+    ladder.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    assert main(["preview", str(ladder), "--simulate"]) == 0
+    sim = capsys.readouterr().out
+    [(first, last)] = re.findall(r"source weights: (easy [\d.]+, hard [\d.]+) → (easy [\d.]+, hard [\d.]+)", sim)
+    assert first == "easy 0.50, hard 0.50"  # no signal yet: the mix as written
+    weights = dict(part.split() for part in last.split(", "))
+    assert all(float(w) >= 0.1 for w in weights.values()) and weights != {"easy": "0.50", "hard": "0.50"}
+    assert sim.count("source weights:") == 1  # the fixed warm-up stage has none

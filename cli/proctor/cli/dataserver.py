@@ -271,6 +271,10 @@ def _simulate(curriculum: Curriculum, steps: int, batch_size: int, group_size: i
             f"held-out pass rate {run.held_out_start:.2f} → {run.held_out_end:.2f}, zero-variance groups "
             f"{run.zero_variance_share:.0%} of {run.groups}"
         )
+        if run.mix_first is not None and run.mix_last is not None:
+            first = ", ".join(f"{source} {w:.2f}" for source, w in run.mix_first.items())
+            last = ", ".join(f"{source} {w:.2f}" for source, w in run.mix_last.items())
+            print(f"  {'':>14} source weights: {first} → {last}")
         if run.top and all(r.pass_rate is None for r in run.top) and run.top[0].served == 1:
             print(f"  {'':>14} every record served once (an endless source keeps no per-record statistics)")
             continue

@@ -313,6 +313,9 @@ class StageRun:
     groups: int = 0
     zero_variance_groups: int = 0
     top: list[ServedRecord] = field(default_factory=list)
+    # A learning_progress stage's source weights at its first and its last iteration; None for a fixed mix.
+    mix_first: dict[str, float] | None = None
+    mix_last: dict[str, float] | None = None
 
     @property
     def zero_variance_share(self) -> float:
@@ -405,6 +408,9 @@ def simulate(
                     StageRun(draw.stage, spec.name, spec.sampler.kind, iteration, iteration, held_out, held_out)
                 )
             run = runs[-1]
+            if draw.decision is not None and "mix" in draw.decision.detail:
+                run.mix_last = draw.decision.detail["mix"]["weights"]
+                run.mix_first = run.mix_first or run.mix_last
 
             rewards = learner.attempt(picks)
             learner.learn(picks, rewards)
