@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from proctor.server.curriculum.permutation import Permutation, derive_key
-from proctor.server.curriculum.sumtree import WEIGHT_SCALE, SumTree, quantize
+from proctor.server.curriculum.sumtree import SumTree, quantize
 from proctor.server.sources.base import Source
 from proctor.server.spec import (
     LearnabilityParams,
@@ -177,11 +177,15 @@ class _WeightedEpochs(RecordSampler):
 
     @abstractmethod
     def fit(self, source: str, keys: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.float64]:
-        """How well each record (or each of ``keys``) fits the stage now, in [0, 1]."""
+        """How well each record (or each of ``keys``) fits the stage now, in [0, 1]: a new array, the caller's."""
 
     def weights(self, source: str, keys: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.int64]:
         """The quantized draw weight of each record: ``explore + (1 − explore) · fit``."""
-        return quantize(self.explore + (1.0 - self.explore) * self.fit(source, keys))
+        # In the fit's own array: a tree's rebuild computes this for every record.
+        weight = self.fit(source, keys)
+        np.multiply(1.0 - self.explore, weight, out=weight)
+        np.add(self.explore, weight, out=weight)
+        return quantize(weight)
 
     def _tree(self, source: str) -> SumTree:
         tree = self._trees.get(source)
@@ -316,26 +320,14 @@ class TargetDifficultySampler(_WeightedEpochs):
             self.invalidate()
 
     def fit(self, source: str, keys: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.float64]:
-        z = (self.difficulty(source, keys) - self.centre) / self.params.width
-        fit: npt.NDArray[np.float64] = np.exp(-0.5 * z * z)
+        # exp(-0.5 · z²), z = (difficulty − centre) / width, in one scratch array: the pass over every record that
+        # a moving target repeats most iterations. (Halving is exact, so -0.5 · z² is (-0.5 · z) · z to the bit.)
+        fit = np.subtract(self.difficulty(source, keys), self.centre)
+        np.divide(fit, self.params.width, out=fit)
+        np.square(fit, out=fit)
+        np.multiply(fit, -0.5, out=fit)
+        np.exp(fit, out=fit)
         return fit
-
-    def weights(self, source: str, keys: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.int64]:
-        if keys is not None:
-            return super().weights(source, keys)
-        # Every record's weight, as `quantize(explore + (1 − explore) · fit)` computes it, operation for operation
-        # (so the same integers), but in one scratch array: the pass a moving target repeats most iterations.
-        buf = np.subtract(self.difficulty(source), self.centre)
-        np.divide(buf, self.params.width, out=buf)
-        kernel = np.multiply(-0.5, buf)
-        np.multiply(kernel, buf, out=kernel)
-        np.exp(kernel, out=kernel)
-        np.multiply(1.0 - self.explore, kernel, out=kernel)
-        np.add(self.explore, kernel, out=kernel)
-        np.clip(kernel, 0.0, 1.0, out=kernel)
-        np.multiply(kernel, WEIGHT_SCALE, out=kernel)
-        np.rint(kernel, out=kernel)
-        return kernel.astype(np.int64)
 
     def _next_target(self, feedback: StageFeedback) -> float | None:
         """Where :meth:`begin` moves the target given ``feedback``; None when it stays (no new grades)."""
@@ -359,12 +351,11 @@ class TargetDifficultySampler(_WeightedEpochs):
         first: after a ``/grade`` rather than in the next ``/sample``. Only the trees (a cache of the weights)
         change; a restarted server that rebuilds them in :meth:`begin` draws the same."""
         target = self._next_target(feedback)
-        if target is None or self._grid(target) == self._centre:
-            return
-        built = list(self._trees)
-        self._recentre(self._grid(target))
-        for source in built:
-            self._tree(source)
+        if target is not None:
+            built = list(self._trees)
+            self._recentre(self._grid(target))
+            for source in built:
+                self._tree(source)  # the tree it has, unless the centre moved
 
     def item_changed(self, source: str, key: int) -> None:
         if self.static is None:  # a static difficulty does not move with the grades
