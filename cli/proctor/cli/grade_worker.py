@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
@@ -66,10 +65,7 @@ def grade_worker(args: argparse.Namespace) -> int:
                 raise
             print("proctor grade-worker: --ray-actors needs the ray extra: pip install 'proctor[ray]'")
             return 2
-        # One grader process per actor unless --workers says otherwise: Ray places the actors on the cores.
-        return serve_on_ray(
-            dataclasses.replace(options, processes=options.processes or 1), args.ray_actors, address=args.ray_address
-        )
+        return serve_on_ray(options, args.ray_actors, address=args.ray_address)
     try:
         asyncio.run(_until_signalled(options))
     except ValueError as exc:

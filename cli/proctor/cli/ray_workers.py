@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import threading
 from types import FrameType
@@ -64,14 +65,16 @@ class _GradeWorkerActor:
 class RayGradeWorkers:
     """``actors`` grade-workers started as Ray actors in the cluster ``ray.init()`` connected this process to.
 
-    Each asks Ray for as many CPUs as it runs grader processes. :meth:`wait` returns once every actor has ended
-    by itself (``exit_when_idle_s``); :meth:`stop` ends them and returns what each did.
+    Each runs ``options.processes`` grader processes (1 when None: Ray places the actors on the cores) and asks
+    Ray for as many CPUs. :meth:`wait` returns once every actor has ended by itself (``exit_when_idle_s``);
+    :meth:`stop` ends them and returns what each did.
     """
 
     def __init__(self, options: GradeWorkerOptions, actors: int, *, log_level: str = "info") -> None:
         if actors < 1:
             raise ValueError(f"actors: {actors} is below 1; start at least one grade-worker")
-        actor = ray.remote(_GradeWorkerActor).options(num_cpus=options.processes or 1, max_concurrency=2)
+        options = dataclasses.replace(options, processes=options.processes or 1)
+        actor = ray.remote(_GradeWorkerActor).options(num_cpus=options.processes, max_concurrency=2)
         # Ray's type hints do not follow an actor's methods: its handles are untyped here.
         self._actors: list[Any] = [actor.remote(options, log_level) for _ in range(actors)]
         self._runs = [actor.run.remote() for actor in self._actors]

@@ -67,6 +67,7 @@ __all__ = [
     "format_loc",
     "parse_spec",
     "read_spec",
+    "stage_sources",
 ]
 
 T = TypeVar("T")
@@ -387,7 +388,8 @@ class LearningProgressParams(_Spec):
 
 class LearningProgressMixingSpec(_Spec):
     """Source weights set every iteration by what each source is teaching now: the mean |advantage| of its
-    latest graded groups, a softmax over them on top of the mix's own weights, and a floor per source."""
+    latest graded groups times what its mean reward leaves to learn, a softmax over those on top of the mix's own
+    weights, and a floor per source."""
 
     kind: Literal["learning_progress"]
     params: LearningProgressParams = Field(default_factory=LearningProgressParams)
@@ -494,14 +496,22 @@ def _reference_problems(
     return problems
 
 
+def stage_sources(stages: Sequence[StageSpec | None], i: int) -> list[str]:
+    """The sources stage ``i`` serves, each once: its own mix's and, with replay, every earlier stage's (stages
+    that did not parse are left out)."""
+    stage = stages[i]
+    assert stage is not None
+    served = stages[: i + 1] if stage.replay > 0 else [stage]
+    return list(dict.fromkeys(m.source for st in served if st is not None for m in st.mix))
+
+
 def _mixing_problems(stages: Sequence[StageSpec | None], i: int) -> list[tuple[str, str]]:
     """A learning-progress stage's floors must fit in one batch's weights."""
     stage = stages[i]
     assert stage is not None
     if not isinstance(stage.mixing, LearningProgressMixingSpec):
         return []
-    served = [st for st in (stages[: i + 1] if stage.replay > 0 else [stage]) if st is not None]
-    n = len(dict.fromkeys(m.source for st in served for m in st.mix))
+    n = len(stage_sources(stages, i))
     floor = stage.mixing.params.floor
     if n * floor <= 1:
         return []
@@ -524,11 +534,8 @@ def _sampler_problems(
     if isinstance(sampler, UniformSamplerSpec):
         return []
     where = f"stages[{i}].sampler"
-    # The stage serves its own mix and, with replay, every earlier stage's.
-    served = [st for st in (stages[: i + 1] if stage.replay > 0 else [stage]) if st is not None]
-    names = [m.source for st in served for m in st.mix]
     problems: list[tuple[str, str]] = []
-    for name in dict.fromkeys(names):
+    for name in stage_sources(stages, i):
         src = sources.get(name)
         if src is None:
             continue

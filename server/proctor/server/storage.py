@@ -55,8 +55,10 @@ class StoredProgress:
     sampler_state: dict[str, Any] | None  # after the latest iteration an adaptive stage decided
     iterations: list[IterationTotals]  # the latest iterations, for the live page
     recent_errors: list[tuple[int, str, str]]
-    decisions: dict[int, tuple[str, dict[str, Any]]]  # (sampler, detail) of the latest iterations that have one
-    groups: list[tuple[int, str, int, GroupState]]  # the latest graded groups, oldest first
+    # For learning-progress mixes (empty without one): the latest iterations' decisions, (sampler, detail) by
+    # iteration, and the latest graded groups, oldest first.
+    decisions: dict[int, tuple[str, dict[str, Any]]]
+    groups: list[tuple[int, str, int, GroupState]]
 
 
 class IterationsJoiner(Protocol):
@@ -229,7 +231,8 @@ class AsyncStore:
     ) -> StoredProgress:
         """Everything :class:`StoredProgress` holds; ``window(stage)`` is how many recent rewards to read,
         ``timeline`` how many of the latest iterations and grader errors, and ``groups`` how many of the latest
-        graded groups."""
+        graded groups the learning-progress mixes read back (0: there is none, and their decisions are not read
+        either)."""
         s = self._store
         last = await self._on_thread(s.last_iteration)
         iterations, errors = timeline
@@ -245,7 +248,7 @@ class AsyncStore:
             sampler_state=None if decision is None else decision[1],
             iterations=await self._on_thread(s.iteration_totals, first),
             recent_errors=await self._on_thread(s.recent_errors, errors),
-            decisions=await self._on_thread(s.decision_details, first),
+            decisions=await self._on_thread(s.decision_details, first) if groups > 0 else {},
             groups=await self._on_thread(s.latest_groups, groups) if groups > 0 else [],
         )
 

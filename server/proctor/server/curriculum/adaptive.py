@@ -64,20 +64,22 @@ class AdaptiveSampling:
 
     def observe_groups(self, groups: Sequence[GroupChange]) -> None:
         """Groups that got grades: each learning-progress mix reads those of its sources."""
-        if self.mixes:
-            signals = [GroupSignal((g.iteration, g.sample_id, g.slot), g.source, g.after) for g in groups]
-            for mix in self.mixes.values():
-                mix.observe(signals)
+        if not self.mixes:
+            return  # on every /grade: nothing to build when no stage mixes by learning progress
+        self._observe([GroupSignal((g.iteration, g.sample_id, g.slot), g.source, g.after) for g in groups])
 
     def restore_mixes(self, groups: Sequence[tuple[int, str, int, GroupState]]) -> None:
         """The latest graded groups as the state file kept them, oldest first."""
-        if self.mixes:
-            signals = [
+        self._observe(
+            [
                 GroupSignal((iteration, sample_id, slot), SampleId.parse(sample_id).source, state)
                 for iteration, sample_id, slot, state in groups
             ]
-            for mix in self.mixes.values():
-                mix.observe(signals)
+        )
+
+    def _observe(self, signals: Sequence[GroupSignal]) -> None:
+        for mix in self.mixes.values():
+            mix.observe(signals)
 
     def kind(self, stage: int) -> str:
         return self.curriculum.spec.stages[stage].sampler.kind

@@ -19,6 +19,7 @@ from proctor.server.spec import (
     CurriculumSpec,
     TargetDifficultySamplerSpec,
     read_spec,
+    stage_sources,
 )
 
 __all__ = ["Curriculum", "Stage", "load_curriculum"]
@@ -131,8 +132,7 @@ def _difficulty_problems(spec: CurriculumSpec, sources: dict[str, Source]) -> li
         sampler = stage.sampler
         if not isinstance(sampler, TargetDifficultySamplerSpec) or sampler.params.difficulty != "source":
             continue
-        served = spec.stages[: i + 1] if stage.replay > 0 else [stage]
-        for name in dict.fromkeys(m.source for st in served for m in st.mix):
+        for name in stage_sources(spec.stages, i):
             if sources[name].source_difficulty() is None:
                 problems.append(
                     (

@@ -114,10 +114,13 @@ class CurriculumProgress:
             mixed = {"mix": {"weights": weights, "signals": signals, "quotas": dict(quotas)}}
             self.timeline.mixed(iteration, weights)
         if sampler is None:
+            if any(source not in state.streams for source, _ in quotas):
+                # A source's first draw here starts where the stage's fixed mix would have left its stream.
+                cursors = mixer.cursors(iteration, batch_size, self.stage_of)
+                for source, _ in quotas:
+                    state.streams.setdefault(source, cursors.get(source, 0))
             picks: list[tuple[str, int]] = []
             for source, count in quotas:
-                if source not in state.streams:  # where the stage's fixed mix would have left the stream
-                    state.streams[source] = mixer.cursors(iteration, batch_size, self.stage_of).get(source, 0)
                 picks.extend((source, key) for key in mixer.take(source, state.streams[source], count))
                 state.streams[source] += count
             out.picks = mixer.order(picks, iteration, batch_size)
