@@ -1,6 +1,6 @@
-"""A real GRPO run through three curricula: the tiny model learns to say the word a prompt asks for, among
-distractors, under a uniform mix, a ladder of staged gates, and learning-progress mixing; reward and held-out
-pass rate against steps and rollouts.
+"""A real GRPO run through four curricula: the tiny model learns to say the word a prompt asks for, among
+distractors, under a uniform mix, a ladder of staged gates, learning-progress mixing, and learning-progress
+mixing with group refill; reward and held-out pass rate against steps and rollouts.
 
 **The task**, fixed before any run: "Say the word plus, not two, minus. (4)" asks for one word of
 :data:`WORDS` with ``k`` distractor words after it, ``k`` ∈ :data:`LEVELS` (one source per ``k``:
@@ -16,22 +16,27 @@ form with other numbers and distractors, never served.
   128 graded completions reaches 0.5 (after 10 steps at least; capped at an even share of the steps), with
   10% replay of the earlier ones;
 - ``learning_progress``: one stage over the four sources with ``mixing: {kind: learning_progress}`` (its
-  default parameters).
+  default parameters);
+- ``learning_progress + refill``: the same stage with ``refill: {kind: zero_variance}`` (4 rounds at most, the
+  default), the trainer asking for all of them (``refill_rounds=4``).
 
 Each run: ``proctor serve`` on the curriculum (its seed the run's), ``ProctorGRPOTrainer`` through
 ``RemoteRLDataset`` and ``remote_reward``, 8 prompts × 8 completions a step. Every ``--eval-every`` steps the
 model generates 4 completions for each held-out prompt (sampled as in training, from a fixed seed) and the
-pass rate is taken over them. The training reward per step is the dataserver's own (``/dashboard``).
+pass rate is taken over them. The training reward per step is the dataserver's own (``/dashboard``), which
+counts every graded group (refill's replaced ones too); the share of zero-variance groups trained on is TRL's
+``frac_reward_zero_std``. Rollouts count every completion generated, a refill's included.
 
 Usage::
 
-    python -m bench curriculum_run --plot docs/curriculum_run.png    # 3 seeds × 300 steps (about 20 minutes)
+    python -m bench curriculum_run --plot docs/curriculum_run.png    # 3 seeds × 300 steps (about 35 minutes)
     python -m bench curriculum_run --quick                           # 1 seed, 6 steps: a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -56,7 +61,8 @@ COPIES = 3  # training records per word and level, told apart by a number in the
 HELD_OUT = 1  # held-out prompts per word and level
 PROMPTS, GROUP = 8, 8
 SAMPLES_PER_HELD_OUT = 4
-CURRICULA = ("uniform", "staged gates", "learning_progress")
+CURRICULA = ("uniform", "staged gates", "learning_progress", "learning_progress + refill")
+REFILL_ROUNDS = 4
 GATE = {"threshold": 0.5, "window": 128, "min_steps": 10}
 
 
@@ -91,8 +97,12 @@ def curriculum_doc(name: str, steps: int, seed: int) -> dict[str, Any]:
     everything = [{"source": f"level{k}"} for k in LEVELS]
     if name == "uniform":
         stages = [{"name": "all", "until_step": steps, "mix": everything}]
-    elif name == "learning_progress":
-        stages = [{"name": "all", "until_step": steps, "mix": everything, "mixing": {"kind": "learning_progress"}}]
+    elif name.startswith("learning_progress"):
+        mixed: dict[str, Any] = {"name": "all", "until_step": steps, "mix": everything}
+        mixed["mixing"] = {"kind": "learning_progress"}
+        if name.endswith("refill"):
+            mixed["refill"] = {"kind": "zero_variance"}
+        stages = [mixed]
     else:
         stages = []
         for n, k in enumerate(LEVELS):
@@ -143,6 +153,7 @@ def run_one(
         )
         encoded.append(list(chat["input_ids"]))
     curve: list[dict[str, Any]] = []
+    zero_std: list[float] = []
 
     def evaluate(model: Any, step: int) -> None:
         state = torch.get_rng_state()
@@ -186,6 +197,10 @@ def run_one(
             if state.global_step % eval_every == 0:
                 evaluate(model, state.global_step)
 
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            if logs and "frac_reward_zero_std" in logs:
+                zero_std.append(float(logs["frac_reward_zero_std"]))
+
     started = time.perf_counter()
     with ServerProcess(
         [str(path), "--database-url", ":memory:", "--grader-workers", "1", "--log-level", "warning"],
@@ -203,6 +218,7 @@ def run_one(
                     train_dataset=dataset,
                     processing_class=tokenizer,
                     callbacks=[HeldOut()],
+                    refill_rounds=REFILL_ROUNDS if name.endswith("refill") else 0,
                 )
                 trainer.remove_callback(PrinterCallback)
                 trainer.train()
@@ -212,11 +228,15 @@ def run_one(
         finally:
             client.close()
     rewards = {p["iteration"]: p["mean_reward"] for p in board["iterations"]}
+    refilled = {p["iteration"]: p["refilled_groups"] for p in board["iterations"]}
     return {
         "curriculum": name,
         "seed": seed,
         "steps": steps,
         "rollouts_per_step": PROMPTS * GROUP,
+        # Completions generated by the end of each step: the batch's, and each refilled group's again.
+        "rollouts": list(itertools.accumulate(PROMPTS * GROUP + refilled.get(i, 0) * GROUP for i in range(steps))),
+        "zero_std": zero_std,
         "reward": [rewards.get(i) for i in range(steps)],
         "held_out": curve,
         "transitions": [t["reason"] for t in board["transitions"]],
@@ -248,8 +268,9 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| curriculum | "
         + " | ".join(f"held-out pass rate, step {s} (median, min–max)" for s in shown)
-        + f" | training reward, last {max(1, steps // 10)} steps (median) | rollouts |",
-        "| --- | " + " | ".join("---:" for _ in shown) + " | ---: | ---: |",
+        + f" | training reward, last {max(1, steps // 10)} steps (median) | zero-variance share trained (median)"
+        " | rollouts (median) |",
+        "| --- | " + " | ".join("---:" for _ in shown) + " | ---: | ---: | ---: |",
     ]
     for name in CURRICULA:
         mine = [r for r in runs if r["curriculum"] == name]
@@ -259,8 +280,10 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
         tail = max(1, steps // 10)
         last = [statistics.fmean(v for v in r["reward"][-tail:] if v is not None) for r in mine]
         cells = [f"{curve[s][0]:.3f} ({curve[s][1]:.3f}–{curve[s][2]:.3f})" for s in shown]
+        zero = statistics.median(statistics.fmean(r["zero_std"]) if r["zero_std"] else float("nan") for r in mine)
+        rollouts = statistics.median(r["rollouts"][-1] for r in mine)
         lines.append(
-            f"| {name} | " + " | ".join(cells) + f" | {statistics.median(last):.3f} | {steps * PROMPTS * GROUP:,} |"
+            f"| {name} | " + " | ".join(cells) + f" | {statistics.median(last):.3f} | {zero:.1%} | {rollouts:,.0f} |"
         )
     return "\n".join(lines)
 
@@ -272,8 +295,12 @@ def plot(runs: Sequence[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharey="row")
-    colours = {"uniform": "#6b7280", "staged gates": "#2563eb", "learning_progress": "#dc2626"}
-    per_step = PROMPTS * GROUP
+    colours = {
+        "uniform": "#6b7280",
+        "staged gates": "#2563eb",
+        "learning_progress": "#dc2626",
+        "learning_progress + refill": "#16a34a",
+    }
     for name in CURRICULA:
         mine = [r for r in runs if r["curriculum"] == name]
         if not mine:
@@ -282,10 +309,12 @@ def plot(runs: Sequence[dict[str, Any]], path: Path) -> None:
         smoothed = [_smoothed(r["reward"], 10) for r in mine]
         median = [statistics.median(v for v in col if v is not None) for col in zip(*smoothed, strict=True)]
         curve = _median_curve(mine)
-        for column, scale in enumerate((1, per_step)):
-            x = [s * scale for s in steps]
+        # Against rollouts: each step at the median over the seeds of the completions generated by its end.
+        generated = [0.0] + [statistics.median(col) for col in zip(*(r["rollouts"] for r in mine), strict=True)]
+        for column, xs in enumerate(([float(s) for s in range(len(generated))], generated)):
+            x = [xs[s] for s in steps]
             axes[0][column].plot(x, median, color=colours[name], label=name)
-            hx = [s * scale for s, *_ in curve]
+            hx = [xs[s] for s, *_ in curve]
             axes[1][column].plot(hx, [m for _, m, _, _ in curve], color=colours[name], marker="o", ms=3, label=name)
             axes[1][column].fill_between(
                 hx, [lo for *_, lo, _ in curve], [hi for *_, hi in curve], color=colours[name], alpha=0.15
@@ -299,7 +328,7 @@ def plot(runs: Sequence[dict[str, Any]], path: Path) -> None:
     axes[0][0].legend(loc="upper left")
     seeds = len({r["seed"] for r in runs})
     plural = "s" if seeds != 1 else ""
-    fig.suptitle(f"The tiny model, 'say the word' among 0–8 distractors: three curricula, {seeds} seed{plural} each")
+    fig.suptitle(f"The tiny model, 'say the word' among 0–8 distractors: four curricula, {seeds} seed{plural} each")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -326,7 +355,7 @@ def main(argv: Sequence[str] = ()) -> None:
                 runs.append(run_one(name, seed, args.steps, args.eval_every, folder, held))
     save("curriculum_run", runs)
     print(
-        f"\nThe tiny model through three curricula: 'say the word' among {', '.join(map(str, LEVELS))} distractors "
+        f"\nThe tiny model through four curricula: 'say the word' among {', '.join(map(str, LEVELS))} distractors "
         f"({len(WORDS) * COPIES} records per level, {len(WORDS) * HELD_OUT} held out), {PROMPTS} prompts × {GROUP} "
         f"completions a step, {args.steps} steps, {args.seeds} seed{'s' if args.seeds != 1 else ''}\n"
     )

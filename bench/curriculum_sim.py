@@ -13,6 +13,10 @@ same records, the same held-out draw and the same learner seed:
   least (capped at an even share of the steps); uniform inside each stage;
 - ``learning_progress``: one stage like ``uniform`` whose source weights are set by learning progress (its
   default parameters); and the same with ``skip_zero_variance`` choosing the records;
+- ``learning_progress + refill``: ``learning_progress`` with ``refill: {kind: zero_variance}`` (up to 4 rounds):
+  each step's groups whose completions all scored alike are replaced by records of the same source drawn
+  uniformly, as a trainer's ``POST /refill`` would have them (see :mod:`proctor.server.curriculum.simulation`);
+  and ``refill``, the same rule on ``uniform``, to show refill on its own;
 - ``learnability``, ``skip_zero_variance``, ``target_difficulty`` (``pass_rate``, and ``record``, which reads
   each record's latent difficulty exactly: an oracle's ranking): one stage like ``uniform``, with the sampler's
   default parameters.
@@ -29,8 +33,11 @@ Two learners, each over every curriculum:
   skill_record − d); measured on the sources' own 2,000 records, since a held-out record has no skill of its
   own.
 
-Measured: steps and rollouts (completions generated) until the pass rate reaches 80% (a run stops there), and
-the share of the groups served on the way whose completions all scored alike (zero variance: no GRPO signal).
+Measured: steps and rollouts (completions generated, the replacement groups' included) until the pass rate
+reaches 80% (a run stops there); the share of the groups each step drew, before any refill, whose completions
+all scored alike (zero variance: no GRPO signal), the "served" column; and the same share of the batches the
+learner trained on, after refill (the "trained" column: the same as "served" without refill), each a mean over
+steps and seeds.
 Then the best per-record sampler at lag 0, 1 and 2, on the per-source learner.
 
 **Latency**: real ``proctor serve`` processes (state in a SQLite file, one grader process each), one per
@@ -96,6 +103,7 @@ LATENCY_SAMPLERS = (
 # sampler's steps (per-record learner), each against uniform's; /sample's p99 with each adaptive sampler.
 LEARNING_PROGRESS_GOAL, PER_RECORD_GOAL, P99_TARGET_MS = 0.6, 0.8, 10.0
 LEARNING_PROGRESS = "{kind: learning_progress}"
+REFILL = "{kind: zero_variance}"
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,7 @@ class Variant:
     sampler: str | None  # the one stage's sampler; None for the staged ladder
     per_record: bool = True  # a per-record sampler: a candidate for "best sampler"
     mixing: str | None = None  # the one stage's mixing, when not fixed
+    refill: str | None = None  # the one stage's refill rule, if any
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,8 @@ VARIANTS = (
         per_record=False,
         mixing=LEARNING_PROGRESS,
     ),
+    Variant("learning_progress + refill", "{kind: uniform}", per_record=False, mixing=LEARNING_PROGRESS, refill=REFILL),
+    Variant("refill", "{kind: uniform}", per_record=False, refill=REFILL),
     Variant("learnability", "{kind: learnability}"),
     Variant("skip_zero_variance", "{kind: skip_zero_variance}"),
     Variant("target_difficulty (pass_rate)", "{kind: target_difficulty, params: {difficulty: pass_rate}}"),
@@ -168,7 +179,8 @@ def curriculum_yaml(variant: Variant, steps: int, seed: int) -> str:
     if variant.sampler is not None:
         mix = ", ".join(f"{{source: level{k}}}" for k in range(SOURCES))
         mixing = "" if variant.mixing is None else f", mixing: {variant.mixing}"
-        stages = f"  - {{name: all, until_step: {steps}, mix: [{mix}], sampler: {variant.sampler}{mixing}}}\n"
+        refill = "" if variant.refill is None else f", refill: {variant.refill}"
+        stages = f"  - {{name: all, until_step: {steps}, mix: [{mix}], sampler: {variant.sampler}{mixing}{refill}}}\n"
     else:
         stages = ""
         for k in range(SOURCES):
@@ -215,6 +227,10 @@ def run_variant(
         "rollouts_to_target": result.rollouts_to(TARGET, trained=learner.trained),
         "steps_run": len(result.steps),
         "zero_variance_share": result.zero_variance_share,
+        "trained_zero_variance_share": result.trained_zero_variance_share,
+        "replacements": result.replacements,
+        "zero_variance_replacements": sum(s.zero_variance_replacements for s in result.steps),
+        "refill_rounds": sum(s.refill_rounds for s in result.steps),
         "transitions": [t.reason for t in result.transitions],
         "wall_s": time.perf_counter() - started,
     }
@@ -251,6 +267,10 @@ def run_oracle(
         "rollouts_to_target": None if reached is None else reached * BATCH * GROUP,
         "steps_run": len(shares),
         "zero_variance_share": float(np.mean(shares)),
+        "trained_zero_variance_share": float(np.mean(shares)),
+        "replacements": 0,
+        "zero_variance_replacements": 0,
+        "refill_rounds": 0,
         "transitions": [],
         "wall_s": 0.0,
     }
@@ -261,7 +281,8 @@ class Summary:
     name: str
     steps: list[int | None]  # per seed; None: not reached
     rollouts: list[int | None]
-    zero_variance: float  # mean over seeds
+    zero_variance: float  # mean over seeds, of the groups drawn (before any refill)
+    trained_zero_variance: float  # mean over seeds, of the batches trained on (after refill)
 
     @property
     def median(self) -> float:
@@ -286,6 +307,7 @@ def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str | int], key: s
                 [r["steps_to_target"] for r in mine],
                 [r.get("rollouts_to_target") for r in mine],
                 float(np.mean([r["zero_variance_share"] for r in mine])),
+                float(np.mean([r["trained_zero_variance_share"] for r in mine])),
             )
         )
     return out
@@ -314,14 +336,16 @@ def learning_table(summaries: Sequence[Summary], steps: int, learner: str = "per
     base = summaries[0]
     lines = [
         f"| curriculum ({learner} learner) | steps to {TARGET:.0%} (median, min–max) | rollouts to {TARGET:.0%} "
-        "(median) | zero-variance share served | steps ÷ uniform | rollouts ÷ uniform | zero-variance ÷ uniform |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "(median) | zero-variance share served | zero-variance share trained | steps ÷ uniform | rollouts ÷ uniform "
+        "| zero-variance ÷ uniform |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in summaries:
         rollouts = "-" if s.median_rollouts == float("inf") else f"{s.median_rollouts:,.0f}"
         lines.append(
             f"| {s.name} | {_steps_cell(s, steps)} | {rollouts} | {s.zero_variance:.1%} "
-            f"| {_times(_ratio(s.median, base.median))} | {_times(_ratio(s.median_rollouts, base.median_rollouts))} "
+            f"| {s.trained_zero_variance:.1%} | {_times(_ratio(s.median, base.median))} "
+            f"| {_times(_ratio(s.median_rollouts, base.median_rollouts))} "
             f"| {_times(_ratio(s.zero_variance, base.zero_variance))} |"
         )
     return "\n".join(lines)

@@ -65,3 +65,15 @@ def test_the_learning_progress_example_of_the_curricula_page_loads(tmp_path: Pat
     assert mix.sources == ("easy", "medium", "hard")
     assert (mix.params.floor, mix.params.temperature, mix.params.window) == (0.05, 0.1, 64)
     assert curriculum.spec.stages[0].sampler.kind == "skip_zero_variance"
+
+
+def test_the_refill_example_of_the_curricula_page_loads(tmp_path: Path) -> None:
+    from proctor.server.curriculum.loader import load_curriculum
+    from proctor.server.spec import ZeroVarianceRefillSpec
+
+    page = (ROOT / "docs" / "curricula.md").read_text()
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", page, flags=re.DOTALL) if "refill:" in b]
+    path = tmp_path / "refilled.yaml"
+    path.write_text(block)
+    [stage] = load_curriculum(path).stages
+    assert stage.refill == ZeroVarianceRefillSpec(kind="zero_variance", max_rounds=4)

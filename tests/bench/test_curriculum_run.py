@@ -23,7 +23,9 @@ def test_the_staged_curriculum_is_a_gated_ladder_and_the_others_one_stage() -> N
         (False, 0.1),
     ]
     [progress] = bench.curriculum_doc("learning_progress", 300, seed=1)["stages"]
-    assert progress["mixing"] == {"kind": "learning_progress"}
+    assert progress["mixing"] == {"kind": "learning_progress"} and "refill" not in progress
+    [refilled] = bench.curriculum_doc("learning_progress + refill", 300, seed=1)["stages"]
+    assert refilled == {**progress, "refill": {"kind": "zero_variance"}}
     [uniform] = bench.curriculum_doc("uniform", 300, seed=1)["stages"]
     assert "mixing" not in uniform and len(uniform["mix"]) == len(bench.LEVELS)
 
@@ -57,4 +59,9 @@ def test_the_quick_run_trains_every_curriculum_and_plots_them(
         assert [p["step"] for p in r["held_out"]] == [0, 3, 6]
         assert all(0.0 <= p["held_out"] <= 1.0 for p in r["held_out"])
         assert len(r["reward"]) == 6 and all(v is not None for v in r["reward"])
+        assert len(r["rollouts"]) == 6 and r["rollouts"][0] >= bench.PROMPTS * bench.GROUP
+        assert r["rollouts"] == sorted(r["rollouts"])
+        refilled = r["rollouts"][-1] - 6 * bench.PROMPTS * bench.GROUP
+        assert refilled % bench.GROUP == 0 and (refilled == 0 or r["curriculum"].endswith("refill"))
+        assert len(r["zero_std"]) == 6 and all(0.0 <= z <= 1.0 for z in r["zero_std"])
     assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -36,8 +37,11 @@ def test_the_quick_run_prints_every_table(
     for learner in bench.LEARNERS:
         learning = _table(out, f"curriculum ({learner.name} learner) |")
         assert [row[0] for row in learning] == [*(v.name for v in bench.VARIANTS), bench.ORACLE]
-        assert all(len(row) == 7 for row in learning)
-        assert learning[0][4] in ("1.00×", "-")  # uniform against itself (or no base when it never got there)
+        assert all(len(row) == 8 for row in learning)
+        assert learning[0][5] in ("1.00×", "-")  # uniform against itself (or no base when it never got there)
+        # Without refill, the batch trained on is the batch drawn: the same zero-variance share.
+        refilled = {v.name for v in bench.VARIANTS if v.refill is not None}
+        assert all(row[3] == row[4] for row in learning if row[0] not in refilled)
     lags = _table(out, f"{saved['curriculum_sim']['learning']['best']['per source']}: statistics lag")
     assert [row[0] for row in lags] == ["0", "1", "2"]
     costs = _table(out, "sampler (batch 32) | records")
@@ -66,7 +70,26 @@ def test_the_staged_curriculum_is_a_gated_ladder_over_the_sources() -> None:
 
 def test_the_learning_progress_curricula_set_their_weights_by_learning_progress() -> None:
     mixed = [v for v in bench.VARIANTS if v.mixing is not None]
-    assert [v.name for v in mixed] == ["learning_progress", "learning_progress + skip_zero_variance"]
+    assert [v.name for v in mixed] == [
+        "learning_progress",
+        "learning_progress + skip_zero_variance",
+        "learning_progress + refill",
+    ]
     for variant in mixed:
         text = bench.curriculum_yaml(variant, 600, seed=2)
         assert "mixing: {kind: learning_progress}" in text and "advance" not in text
+
+
+def test_the_refill_curricula_replace_zero_variance_groups(tmp_path: Path) -> None:
+    refilled = {v.name: v for v in bench.VARIANTS if v.refill is not None}
+    assert sorted(refilled) == ["learning_progress + refill", "refill"]
+    for variant in refilled.values():
+        text = bench.curriculum_yaml(variant, 600, seed=2)
+        assert "refill: {kind: zero_variance}" in text and "sampler: {kind: uniform}" in text
+    assert "mixing" not in bench.curriculum_yaml(refilled["refill"], 600, seed=2)
+    # The rule as loaded: the spec's default rounds; the other curricula have none.
+    bench.write_population(tmp_path, seed=0)
+    [stage] = bench._load(tmp_path, refilled["learning_progress + refill"], 600, seed=0).stages
+    assert stage.refill is not None and (stage.refill.kind, stage.refill.max_rounds) == ("zero_variance", 4)
+    [plain] = bench._load(tmp_path, bench.VARIANTS[0], 600, seed=0).stages
+    assert plain.refill is None

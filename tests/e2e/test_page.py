@@ -416,6 +416,9 @@ def long_run() -> Dashboard:
                 mix_weights=None
                 if index < 2
                 else {"<u>src1</u>": 0.2 + (it % 60) / 100, "src2": 0.8 - (it % 60) / 100},
+                # Every 13th iteration's trainer refilled groups (POST /refill).
+                refill_rounds=0 if it % 13 else 1 + it % 3,
+                refilled_groups=0 if it % 13 else 2 + it % 3,
             )
         )
     errors = [
@@ -476,6 +479,7 @@ def test_the_page_draws_edge_cases_and_survives_a_failing_server(browser: Browse
         wait_for_iteration(browser, 0)
         assert len(texts(browser, "#reward .pt")) == 1
         assert attrs(browser, "#zero-variance .bar", "data-share") == ["0.25"]
+        assert browser.evaluate("document.getElementById('refill-legend').hidden") is True  # no refill yet
         assert attrs(browser, "#timeline .band", "data-stage") == ["first"]
 
         served["doc"] = long_run()
@@ -484,6 +488,10 @@ def test_the_page_draws_edge_cases_and_survives_a_failing_server(browser: Browse
         assert len(texts(browser, "#reward .pt")) == sum(p.mean_reward is not None for p in run.iterations)
         assert len(texts(browser, "#zero-variance .bar")) == sum(p.groups > 0 for p in run.iterations)
         assert len(texts(browser, "#timeline .band")) == 3
+        # A mark above each iteration with refill rounds, its rounds in data-rounds.
+        refilled = [p for p in run.iterations if p.refill_rounds]
+        assert attrs(browser, "#zero-variance .refill", "data-rounds") == [str(p.refill_rounds) for p in refilled]
+        assert browser.evaluate("document.getElementById('refill-legend').hidden") is False
         # The source weights: a line per source over the learning_progress stage's iterations.
         assert browser.evaluate("document.getElementById('mix-panel').hidden") is False
         assert attrs(browser, "#mix .wline", "data-source") == ["<u>src1</u>", "src2"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proctor.server.state.rows import NO_SLOT, GradeRow, IterationRow, TransitionRecord
-from proctor.server.store import StateInUseError, StateMismatchError, Store, redacted
+from proctor.server.store import SCHEMA_VERSION, StateInUseError, StateMismatchError, Store, redacted
 
 
 def open_store(path: Path | str) -> Store:
@@ -54,7 +54,8 @@ def test_a_state_of_a_newer_schema_is_refused_saying_so(state: str) -> None:
         again.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
     again.close()
     assert str(info.value).endswith(
-        "was written by a newer proctor (schema version 99; this one reads up to 3): upgrade proctor to serve it, "
+        f"was written by a newer proctor (schema version 99; this one reads up to {SCHEMA_VERSION}): upgrade proctor to "
+        "serve it, "
         "or start a new run with another --run or --database-url"
     )
 
@@ -208,6 +209,24 @@ def test_a_version_1_state_file_is_migrated_in_place(tmp_path: Path) -> None:
     store.close()
     again = open_store(path)  # reopening a migrated file changes nothing
     assert again.stage_totals()[0].graded == 1
+    again.close()
+
+
+def test_a_version_3_state_gains_the_refills_table(state: str) -> None:
+    store = open_store(state)
+    store.record_iteration(IterationRow(0, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])
+    store.connection.execute("DROP TABLE refills")
+    store.connection.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    store.close()
+    again = open_store(state)  # binds, so its version is this proctor's again
+    detail = {"rule": "zero_variance", "group_size": 2, "groups": 1, "replaced": [[0, 0, 1]]}
+    samples = '[{"sample_id": "a:0123456789:0", "slot": 0}, {"sample_id": "a:0123456789:5", "slot": 1}]'
+    again.record_refill(0, 1, detail, samples, ["a:0123456789:5"])
+    assert again.refills(0) == [(1, detail)]
+    row = again.get_iteration(0)
+    assert row is not None and [s["sample_id"] for s in row.samples] == ["a:0123456789:0", "a:0123456789:5"]
+    assert again.latest_served(["a:0123456789:5"]) == {"a:0123456789:5": 0}
+    assert again.refill_counts(0) == {0: (1, 1)}
     again.close()
 
 

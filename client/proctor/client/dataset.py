@@ -127,6 +127,7 @@ class _StepFetcher:
         self.requested: list[int] = []
         self._steps: OrderedDict[int, Future[list[Sample]]] = OrderedDict()
         self._stages: dict[int, str] = {}
+        self._refill_rounds: dict[int, int] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proctor-prefetch")
 
@@ -147,6 +148,10 @@ class _StepFetcher:
     def stage_of(self, step: int) -> str:
         """The stage the server served ``step`` in (``"?"`` for a step this process did not fetch)."""
         return self._stages.get(step, "?")
+
+    def refill_rounds_of(self, step: int) -> int:
+        """The refill rounds the server's stage allows ``step`` (0 for a step this process did not fetch)."""
+        return self._refill_rounds.get(step, 0)
 
     def prefetch_after(self, step: int, depth: int = PREFETCH_DEPTH) -> None:
         """Start fetching the ``depth`` steps after ``step`` that are not cached yet.
@@ -176,6 +181,7 @@ class _StepFetcher:
                 f"expected {self.layout.prompts_per_generation}"
             )
         self._stages[step] = response.stage
+        self._refill_rounds[step] = response.refill_rounds
         return response.samples
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -196,7 +202,7 @@ class _StepFetcher:
             if step not in steps:
                 steps[step] = self.step_samples(step)
             sample = steps[step][slot]
-            out["prompt"].append(self._prompt(sample))
+            out["prompt"].append(self.prompt(sample))
             out["sample_id"].append(sample.sample_id)
             out["slot"].append(sample.slot)
             out["completion_index"].append(self.layout.completion_index(position))
@@ -206,7 +212,8 @@ class _StepFetcher:
             out["metadata"].append(sample.metadata)
         return out
 
-    def _prompt(self, sample: Sample) -> Any:
+    def prompt(self, sample: Sample) -> Any:
+        """A sample's prompt as a row's ``prompt``: chat messages, or the text with its system prompt."""
         system = (sample.system_prompt or "").strip()
         if self.chat:
             messages = [{"role": "system", "content": system}] if system else []
@@ -304,6 +311,22 @@ class RemoteRLDataset(datasets.Dataset):
 
     def stage_of(self, step: int) -> str:
         return self.fetcher.stage_of(step)
+
+    def refill_rounds(self, step: int) -> int:
+        """The refill rounds the server allows ``step`` (``/sample``'s ``refill_rounds``)."""
+        return self.fetcher.refill_rounds_of(step)
+
+    def row(self, sample: Sample, like: dict[str, Any]) -> dict[str, Any]:
+        """The row ``like`` (a row of this dataset) with ``sample`` in place of its prompt: what a refill puts in
+        the row of a replaced group."""
+        return {
+            **like,
+            "prompt": self.fetcher.prompt(sample),
+            "sample_id": sample.sample_id,
+            "slot": sample.slot,
+            "dataset_id": sample.dataset_id,
+            "metadata": sample.metadata,
+        }
 
     def close(self) -> None:
         """Stop the prefetch thread (the client belongs to the caller)."""

@@ -34,6 +34,8 @@ from proctor.wire.dataserver import (
     Graders,
     Health,
     Meta,
+    RefillRequest,
+    RefillResponse,
     SampleRequest,
     SampleResponse,
 )
@@ -108,6 +110,12 @@ class ProctorClient:
         """The prompts of generation step ``iteration`` (or a rank's share of them)."""
         body = SampleRequest(iteration=iteration, batch_size=batch_size, rank=rank, world_size=world_size)
         return self._call("POST", "/sample", SampleResponse, body)
+
+    def refill(self, iteration: int, round_: int, group_size: int) -> RefillResponse:
+        """Refill round ``round_`` of a graded step: the groups to replace and their replacing prompts (the
+        same answer for every rank, retry and restart)."""
+        body = RefillRequest(iteration=iteration, round=round_, group_size=group_size)
+        return self._call("POST", "/refill", RefillResponse, body)
 
     def grade(self, items: Iterable[GradeItem], *, iteration: int | None = None) -> GradeResponse:
         """Rewards for completions; results carry ``(slot or sample_id, completion_index)`` to match them by.

@@ -101,8 +101,9 @@ class RemoteReward:
         self.experience = ExperienceClient(client=client)
         self._opened: set[int] = set()
         self._posted: dict[int, set[RowKey]] = defaultdict(set)
-        # Rows whose step was generated again (a run resumed mid-generation): their table holds the first
-        # attempt's completions, so the new ones are graded through /grade, as loose completions of the step.
+        # Rows graded through /grade, as loose completions of their step: those whose step was generated again
+        # (a run resumed mid-generation; the table holds the first attempt's completions), and a refill's slots
+        # past the step's batch (the table has none).
         self._again: dict[int, set[RowKey]] = defaultdict(set)
         self._outside: set[int] = set()  # steps whose tables the store no longer keeps
         if dataset is not None:
@@ -126,9 +127,12 @@ class RemoteReward:
         by_step: defaultdict[int, list[int]] = defaultdict(list)
         for j, row in enumerate(inputs):
             by_step[int(row["iteration"])].append(j)
+        assert self.dataset is not None
+        batch = self.dataset.layout.prompts_per_generation
         for step, positions in by_step.items():
             rows = [(int(inputs[j]["slot"]), int(inputs[j]["completion_index"])) for j in positions]
-            fresh = [n for n, row in enumerate(rows) if row not in self._posted[step]]
+            self._again[step].update(row for row in rows if row[0] >= batch)
+            fresh = [n for n, row in enumerate(rows) if row not in self._posted[step] and row[0] < batch]
             if not fresh:
                 continue
             if not self._open(step):

@@ -19,6 +19,7 @@ __all__ = [
     "GRADER",
     "PROMPT",
     "REFERENCE",
+    "REPLACED_BY",
     "REWARD",
     "REWARD_DETAIL",
     "SAMPLE_ID",
@@ -39,6 +40,10 @@ REFERENCE = "reference"
 """What graders compare with: ``{"answer": str | None, "metadata": {...}}`` from the record."""
 STAGE = "stage"
 """The curriculum stage that served the step."""
+
+REPLACED_BY = "replaced_by"
+"""Written when a refill round (``POST /refill``) replaced the slot's group: the slot of the group that replaced
+it, past the step's batch (its completions are loose completions of the step). The replaced rows stay."""
 
 # Written per slot in a table of loose completions (a negative iteration): where each slot's completions
 # belong, since its slots are not the step's.

@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model
 __all__ = [
     "MAX_COUNT",
     "MAX_ITERATION",
+    "MAX_REFILL_ROUNDS",
     "SAMPLE_ID_PATTERN",
     "CurriculumState",
     "Dashboard",
@@ -37,7 +38,10 @@ __all__ = [
     "MixPoint",
     "PassRateHistogram",
     "RecordStats",
+    "RefillRequest",
+    "RefillResponse",
     "RemoteGraderSpec",
+    "Replacement",
     "Sample",
     "SampleRequest",
     "SampleResponse",
@@ -172,6 +176,41 @@ class SampleResponse(_Wire):
     batch_size: int
     rank: int | None = None
     world_size: int | None = None
+    refill_rounds: int = Field(
+        default=0, description="Refill rounds this iteration's stage allows (POST /refill); 0: it refills nothing."
+    )
+
+
+# --- /refill -------------------------------------------------------------------------------------------
+
+MAX_REFILL_ROUNDS = 16
+
+
+class RefillRequest(_Request):
+    """Which groups of a graded generation step to replace in refill round ``round``, and the prompts that
+    replace them. Decided once, from the grades the server stored: every rank, retry and restart gets the same
+    answer. Round 1 looks at every group of the step; each later round at the groups the round before put in."""
+
+    iteration: Iteration = Field(description="The generation step, sampled and graded.")
+    round: int = Field(strict=True, ge=1, le=MAX_REFILL_ROUNDS, description="The refill round, from 1.")
+    group_size: Positive = Field(
+        description="Completions per prompt (num_generations): each group the round looks at must have this many "
+        "graded."
+    )
+
+
+class Replacement(_Wire):
+    replaces: int = Field(description="The slot whose group is replaced.")
+    sample: Sample = Field(description="The prompt that replaces it, in a new slot past the step's batch.")
+
+
+class RefillResponse(_Wire):
+    iteration: int
+    round: int
+    rule: str = Field(description="The stage's refill rule: zero_variance or mean_reward_outside.")
+    max_rounds: int = Field(description="Refill rounds the stage allows.")
+    groups: int = Field(description="Groups this round looked at.")
+    replacements: list[Replacement] = Field(description="The groups replaced, in slot order; empty when none was.")
 
 
 # --- /grade --------------------------------------------------------------------------------------------
@@ -376,6 +415,8 @@ class IterationPoint(_Wire):
     mix_weights: dict[str, float] | None = Field(
         default=None, description="The source weights a learning_progress stage served the iteration with."
     )
+    refill_rounds: int = Field(default=0, description="Refill rounds (POST /refill) that replaced groups.")
+    refilled_groups: int = Field(default=0, description="Groups those rounds replaced.")
 
 
 class PassRateHistogram(_Wire):

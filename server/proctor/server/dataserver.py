@@ -36,6 +36,7 @@ from proctor.server.services.grader_role import GraderRole
 from proctor.server.services.grading import GradingService
 from proctor.server.services.history import adopt_history, read_history
 from proctor.server.services.ledger import GradeLedger
+from proctor.server.services.refills import RefillService
 from proctor.server.services.rollouts import Rollouts
 from proctor.server.services.sampling import SamplingService
 from proctor.server.settings import Settings
@@ -61,6 +62,7 @@ class Dataserver:
         self.sampling = SamplingService(ctx)
         ledger = GradeLedger(ctx)
         self.rollouts = Rollouts(ctx, experience, self.sampling, ledger)
+        self.refills = RefillService(ctx, self.rollouts)
         timeout_s = ctx.settings.grader_timeout_s
         fanout = GraderFanout(pool, http, ctx.metrics, timeout_s) if pool is not None else None
         self.grading = GradingService(ctx, fanout, self.rollouts)
@@ -187,5 +189,5 @@ async def _restore(curriculum: Curriculum, storage: AsyncStore) -> CurriculumPro
     mix_weights = {
         iteration: detail["mix"]["weights"] for iteration, (_, detail) in stored.decisions.items() if "mix" in detail
     }
-    progress.timeline.restore(stored.iterations, stored.recent_errors, mix_weights)
+    progress.timeline.restore(stored.iterations, stored.recent_errors, mix_weights, stored.refills)
     return progress

@@ -92,6 +92,12 @@ class Metrics:
         )
         self.last_iteration = Gauge("proctor_last_iteration", "Highest iteration sampled so far.", registry=r)
         self.transitions = Counter("proctor_stage_transitions", "Stage transitions recorded.", registry=r)
+        self.refilled_groups = Counter(
+            "proctor_refilled_groups",
+            "Groups replaced by refill rounds (POST /refill), by stage.",
+            ["stage"],
+            registry=r,
+        )
         self.serving = Gauge(
             "proctor_serving",
             "1 while this process serves its state; 0 while it stands by for another server of its database, or "

@@ -51,9 +51,11 @@ __all__ = [
     "LearnabilitySamplerSpec",
     "LearningProgressMixingSpec",
     "LearningProgressParams",
+    "MeanRewardOutsideRefillSpec",
     "MixEntry",
     "MixingSpec",
     "ReasoningGymSourceSpec",
+    "RefillSpec",
     "SamplerSpec",
     "SkipZeroVarianceParams",
     "SkipZeroVarianceSamplerSpec",
@@ -64,6 +66,7 @@ __all__ = [
     "TargetDifficultySamplerSpec",
     "UniformParams",
     "UniformSamplerSpec",
+    "ZeroVarianceRefillSpec",
     "format_loc",
     "parse_spec",
     "read_spec",
@@ -78,7 +81,12 @@ _FILE_KINDS = {".jsonl": "jsonl", ".parquet": "parquet", ".csv": "csv"}
 _UNION_TAGS = {"arithmetic", "reasoning_gym", *_FILE_KINDS.values()}
 _SAMPLER_TAGS = {"uniform", "learnability", "skip_zero_variance", "target_difficulty"}
 _MIXING_TAGS = {"fixed", "learning_progress"}
-_STAGE_TAGS = {("sampler", tag) for tag in _SAMPLER_TAGS} | {("mixing", tag) for tag in _MIXING_TAGS}
+_REFILL_TAGS = {"zero_variance", "mean_reward_outside"}
+_STAGE_TAGS = (
+    {("sampler", tag) for tag in _SAMPLER_TAGS}
+    | {("mixing", tag) for tag in _MIXING_TAGS}
+    | {("refill", tag) for tag in _REFILL_TAGS}
+)
 
 
 class CurriculumError(ProctorError, ValueError):
@@ -101,7 +109,7 @@ class CurriculumError(ProctorError, ValueError):
             if len(loc) > 2 and loc[0] == "sources" and loc[2] in _UNION_TAGS:
                 del loc[2]
             # Likewise a stage's sampler (`stages[1].sampler.learnability.params` → `stages[1].sampler.params`)
-            # and its mixing.
+            # and its mixing and refill.
             if len(loc) > 3 and loc[0] == "stages" and (loc[2], loc[3]) in _STAGE_TAGS:
                 del loc[3]
             problems.append((format_loc(loc), _clean_msg(err["msg"])))
@@ -398,6 +406,31 @@ class LearningProgressMixingSpec(_Spec):
 MixingSpec = Annotated[FixedMixingSpec | LearningProgressMixingSpec, Field(discriminator="kind")]
 
 
+class ZeroVarianceRefillSpec(_Spec):
+    """Replace every group whose completions all scored alike: GRPO learns nothing from it."""
+
+    kind: Literal["zero_variance"]
+    max_rounds: int = Field(default=4, ge=1, le=16, description="Refill rounds a step may ask for.")
+
+
+class MeanRewardOutsideRefillSpec(_Spec):
+    """Replace every group whose mean reward lies outside ``[low, high]``."""
+
+    kind: Literal["mean_reward_outside"]
+    low: float = Field(ge=0, le=1, description="Groups with a mean reward below this are replaced.")
+    high: float = Field(ge=0, le=1, description="Groups with a mean reward above this are replaced.")
+    max_rounds: int = Field(default=4, ge=1, le=16, description="Refill rounds a step may ask for.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> MeanRewardOutsideRefillSpec:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) is above high ({self.high:g}): the kept range is [low, high]")
+        return self
+
+
+RefillSpec = Annotated[ZeroVarianceRefillSpec | MeanRewardOutsideRefillSpec, Field(discriminator="kind")]
+
+
 class ItemStatisticsSpec(_Spec):
     decay: float = Field(
         default=0.8, gt=0, le=1, description="Each new group of a record multiplies its earlier evidence by this."
@@ -417,6 +450,11 @@ class StageSpec(_Spec):
     mixing: MixingSpec = Field(
         default_factory=lambda: FixedMixingSpec(kind="fixed"),
         description="How the mix's weights are set each iteration: as written, or by learning progress.",
+    )
+    refill: RefillSpec | None = Field(
+        default=None,
+        description="Which graded groups a trainer may replace (POST /refill), and in how many rounds; none by "
+        "default.",
     )
 
 

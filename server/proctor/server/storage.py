@@ -59,6 +59,7 @@ class StoredProgress:
     # iteration, and the latest graded groups, oldest first.
     decisions: dict[int, tuple[str, dict[str, Any]]]
     groups: list[tuple[int, str, int, GroupState]]
+    refills: dict[int, tuple[int, int]]  # the latest iterations' refill rounds and groups replaced
 
 
 class IterationsJoiner(Protocol):
@@ -250,6 +251,7 @@ class AsyncStore:
             recent_errors=await self._on_thread(s.recent_errors, errors),
             decisions=await self._on_thread(s.decision_details, first) if groups > 0 else {},
             groups=await self._on_thread(s.latest_groups, groups) if groups > 0 else [],
+            refills=await self._on_thread(s.refill_counts, first),
         )
 
     async def get_iteration(self, iteration: int) -> IterationRow | None:
@@ -266,6 +268,12 @@ class AsyncStore:
 
     async def step_groups(self, iteration: int, limit: int) -> list[tuple[str, int, GroupState]]:
         return await self._read(self._store.step_groups, iteration, limit)
+
+    async def slot_rewards(self, iteration: int, slots: Sequence[int]) -> dict[int, dict[int, float | None]]:
+        return await self._read(self._store.slot_rewards, iteration, slots)
+
+    async def refills(self, iteration: int) -> list[tuple[int, dict[str, Any]]]:
+        return await self._read(self._store.refills, iteration)
 
     async def records(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], ItemState]:
         return await self._read(self._store.records, keys)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from proctor.server.curriculum import simulation
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
+from proctor.server.curriculum.refill import replacement_key
 from proctor.server.curriculum.simulation import (
     LATENT_EASIEST,
     LATENT_HARDEST,
@@ -22,13 +25,18 @@ from proctor.server.curriculum.simulation import (
     population_from_curriculum,
     simulate,
 )
+from proctor.server.state.rows import GradeRow, StoredGrades
+from proctor.server.store import Store
 
 WriteCurriculum = Callable[..., Path]  # the write_curriculum fixture (tests/server/curriculum/conftest.py)
 LEVELS = {"easy": [0.1 * k for k in range(40)], "hard": [3.0 + 0.1 * k for k in range(40)]}
 
 
-def _ladder(write_curriculum: WriteCurriculum, sampler: dict[str, Any] | None = None) -> Curriculum:
-    """Two file sources whose records carry a `level`; a gated first stage, then both (with ``sampler``)."""
+def _ladder(
+    write_curriculum: WriteCurriculum, sampler: dict[str, Any] | None = None, refill: dict[str, Any] | None = None
+) -> Curriculum:
+    """Two file sources whose records carry a `level`; a gated first stage, then both (with ``sampler`` and
+    ``refill``)."""
     files = {
         f"{name}.jsonl": "".join(json.dumps({"prompt": f"{name} {i}", "level": v}) + "\n" for i, v in enumerate(values))
         for name, values in LEVELS.items()
@@ -37,6 +45,8 @@ def _ladder(write_curriculum: WriteCurriculum, sampler: dict[str, Any] | None = 
     second: dict[str, Any] = {"name": "both", "until_step": 400, "mix": [{"source": "easy"}, {"source": "hard"}]}
     if sampler is not None:
         second["sampler"] = sampler
+    if refill is not None:
+        second["refill"] = refill
     doc = {
         "name": "ladder",
         "seed": 3,
@@ -201,3 +211,131 @@ def test_held_out_records_are_kept_apart() -> None:
     learner = Learner(population, LearnerModel(), seed=0)
     assert learner.pass_probability([("a", 0)])[0] < 0.01
     assert learner.held_out_pass_rate() > 0.99
+
+
+# --- refill -------------------------------------------------------------------------------------------------
+
+ZERO_VARIANCE = {"kind": "zero_variance"}  # max_rounds 4, the spec's default
+
+
+def test_refill_trains_on_fewer_zero_variance_groups_and_pays_for_its_replacements(
+    write_curriculum: WriteCurriculum,
+) -> None:
+    plain_curriculum = _ladder(write_curriculum)
+    refill_curriculum = _ladder(write_curriculum, refill=ZERO_VARIANCE)
+    population = population_from_curriculum(plain_curriculum, seed=1, held_out=100)
+    model = LearnerModel(group_size=4)
+
+    plain = simulate(plain_curriculum, population, steps=80, batch_size=8, model=model)
+    refill = simulate(refill_curriculum, population, steps=80, batch_size=8, model=model)
+
+    # Without a rule, the batch trained on is the batch drawn.
+    assert all(s.trained_zero_variance == s.zero_variance and s.replacements == 0 for s in plain.steps)
+    assert plain.trained_zero_variance_share == plain.zero_variance_share
+    both = refill.stages[1].first
+    assert 0 < both < 40
+    assert refill.trained_zero_variance_share < plain.trained_zero_variance_share
+    assert refill.trained_zero_variance_share < refill.zero_variance_share
+    # Every group generated counts: the batch's 8 and each replacement, 4 completions apiece.
+    assert refill.replacements > 0
+    assert [s.rollouts for s in refill.steps] == [
+        4 * (8 * (n + 1) + sum(r.replacements for r in refill.steps[: n + 1])) for n in range(80)
+    ]
+    assert refill.steps[-1].rollouts == 4 * (8 * 80 + refill.replacements)
+    assert refill.stages[1].replacements == refill.replacements
+    for step in refill.steps[both:]:
+        alike, trained_alike = round(step.zero_variance * 8), round(step.trained_zero_variance * 8)
+        # Round 1 replaces the drawn groups that scored alike, each later round those of the round before that
+        # did; a position keeps its first group that differs, so the trained batch never scores alike more.
+        assert step.replacements == alike + step.zero_variance_replacements - trained_alike
+        assert trained_alike <= alike
+        assert (step.refill_rounds == 0) == (alike == 0)
+        assert step.refill_rounds <= 4
+        # Fewer than 4 rounds only when nothing was left to replace.
+        assert step.refill_rounds == 4 or trained_alike == 0
+
+
+def test_refill_grades_every_replacement_and_trains_on_each_positions_last_group(
+    write_curriculum: WriteCurriculum, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    curriculum = _ladder(write_curriculum, refill=ZERO_VARIANCE)
+    population = population_from_curriculum(curriculum, seed=1, held_out=100)
+    graded: list[GradeRow] = []
+    learned: list[list[tuple[str, int]]] = []
+
+    class SpyStore(Store):
+        def insert_grades(self, rows: Sequence[GradeRow]) -> StoredGrades:
+            graded.extend(rows)
+            return super().insert_grades(rows)
+
+    class SpyLearner(Learner):
+        def learn(self, picks: Sequence[tuple[str, int]], rewards: np.typing.NDArray[np.float64]) -> None:
+            learned.append(list(picks))
+            super().learn(picks, rewards)
+
+    monkeypatch.setattr(simulation, "Store", SpyStore)
+    monkeypatch.setattr(simulation, "Learner", SpyLearner)
+
+    result = simulate(curriculum, population, steps=60, batch_size=8, model=LearnerModel(group_size=4), lag=0)
+
+    groups: dict[int, dict[int, list[GradeRow]]] = defaultdict(lambda: defaultdict(list))
+    for row in graded:
+        groups[row.key[0]][row.key[2]].append(row)
+    assert sorted(groups) == list(range(60))  # lag 0: every iteration's grades are in, replacements included
+    both = result.stages[1].first
+    for step in result.steps:
+        slots = groups[step.iteration]
+        assert sorted(slots) == list(range(8 + step.replacements))
+        assert all(len(rows) == 4 and {r.stage for r in rows} == {step.stage} for rows in slots.values())
+        # The rounds again, from the grades alone: which groups scored alike, and the records that replace them.
+        occupant = list(range(8))
+        held: dict[str, set[int]] = defaultdict(set)
+        for rows in (slots[n] for n in range(8)):
+            held[rows[0].source].add(int(rows[0].key[1].rsplit(":", 1)[1]))
+        positions, slot, rounds = list(range(8)), 8, 0
+        for round_ in range(1, 5) if step.iteration >= both else ():
+            positions = [p for p in positions if len({r.reward for r in slots[occupant[p]]}) == 1]
+            if not positions:
+                break
+            rounds += 1
+            for p in positions:
+                source = slots[occupant[p]][0].source
+                key = replacement_key(curriculum.seed, source, 40, step.iteration, round_, p, held[source])
+                held[source].add(key)
+                assert slots[slot][0].source == source
+                assert slots[slot][0].key[1] == curriculum.sources[source].sample_id(key)
+                occupant[p], slot = slot, slot + 1
+        assert (rounds, slot) == (step.refill_rounds, 8 + step.replacements)
+        last = [slots[n][0] for n in occupant]
+        assert learned[step.iteration] == [(row.source, int(row.key[1].rsplit(":", 1)[1])) for row in last]
+    assert sum(s.replacements for s in result.steps[both:]) > 0
+
+
+def test_a_run_with_refill_is_a_function_of_its_seed(write_curriculum: WriteCurriculum) -> None:
+    curriculum = _ladder(write_curriculum, {"kind": "learnability"}, refill=ZERO_VARIANCE)
+    population = population_from_curriculum(curriculum, seed=1, held_out=100)
+
+    first = simulate(curriculum, population, steps=50, batch_size=8, seed=7)
+    again = simulate(curriculum, population, steps=50, batch_size=8, seed=7)
+    other = simulate(curriculum, population, steps=50, batch_size=8, seed=8)
+
+    assert first.replacements > 0
+    assert first.steps == again.steps and first.stages == again.stages and first.skills == again.skills
+    assert first.steps != other.steps
+
+
+def test_a_stage_without_refill_runs_as_it_did(write_curriculum: WriteCurriculum) -> None:
+    # Only the second stage refills: the first runs exactly as without any rule, step for step.
+    plain_curriculum = _ladder(write_curriculum)
+    refill_curriculum = _ladder(write_curriculum, refill=ZERO_VARIANCE)
+    population = population_from_curriculum(plain_curriculum, seed=1, held_out=100)
+
+    plain = simulate(plain_curriculum, population, steps=60, batch_size=8)
+    refill = simulate(refill_curriculum, population, steps=60, batch_size=8)
+
+    warm = refill.stages[0].stop
+    assert warm == plain.stages[0].stop and 0 < warm < 60
+    assert refill.steps[:warm] == plain.steps[:warm]
+    assert refill.transitions == plain.transitions
+    assert all(s.refill_rounds == 0 and s.trained_zero_variance == s.zero_variance for s in refill.steps[:warm])
+    assert refill.steps[warm:] != plain.steps[warm:]

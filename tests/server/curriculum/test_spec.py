@@ -376,6 +376,29 @@ BAD_CASES: list[tuple[str, Doc, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "refill-range-upside-down",
+        edited(
+            lambda d: _stage(d, 1).update(refill={"kind": "mean_reward_outside", "low": 0.9, "high": 0.1}),
+        ),
+        [("stages[1].refill", "low (0.9) is above high (0.1): the kept range is [low, high]")],
+    ),
+    (
+        "refill-unknown-kind",
+        edited(lambda d: _stage(d, 1).update(refill={"kind": "dapo"})),
+        [
+            (
+                "stages[1].refill",
+                "Input tag 'dapo' found using 'kind' does not match any of the expected tags: 'zero_variance', "
+                "'mean_reward_outside'",
+            )
+        ],
+    ),
+    (
+        "refill-too-many-rounds",
+        edited(lambda d: _stage(d, 1).update(refill={"kind": "zero_variance", "max_rounds": 17})),
+        [("stages[1].refill.max_rounds", "Input should be less than or equal to 16")],
+    ),
+    (
         "learning-progress-temperature-zero",
         edited(lambda d: _stage(d, 1).update(mixing={"kind": "learning_progress", "params": {"temperature": 0}})),
         [("stages[1].mixing.params.temperature", "Input should be greater than 0")],

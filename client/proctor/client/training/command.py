@@ -191,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="skip",
         help="a completion whose grading failed: skip it, or take the source's on_error reward (default skip)",
     )
+    p.add_argument(
+        "--refill-rounds",
+        type=int,
+        default=0,
+        help="ask the server, up to this many rounds a step, which graded groups to replace (where the stage sets "
+        "`refill`), and generate only those again (default 0: none)",
+    )
     p.add_argument("--save", action="store_true", help="save the trained model to --output-dir (default: not saved)")
     p.add_argument(
         "--bf16",
@@ -275,6 +282,7 @@ def _run(
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=[progress],
+            refill_rounds=args.refill_rounds,
         )
         # The reporter prints one line per step; transformers' own printer would add the whole logs dict.
         trainer.remove_callback(PrinterCallback)

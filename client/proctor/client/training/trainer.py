@@ -222,8 +222,10 @@ class ProctorGRPOTrainer(GRPOTrainer):
     Works with any ``datasets.Dataset``, a :class:`~proctor.client.RemoteRLDataset` included.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, refill_rounds: int = 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.refill_rounds = refill_rounds
+        self._refill_reward = self._check_refill(refill_rounds)
         self.batching_log = BatchingLog()
         self._rollout_inputs: list[dict[str, Any]] | None = None
         self._packs_sequences: dict[int, bool] = {}
@@ -288,7 +290,81 @@ class ProctorGRPOTrainer(GRPOTrainer):
             for reward in self.reward_funcs:
                 if isinstance(reward, RemoteReward):
                     reward.post(inputs, completions, completion_ids)
+            if self._refill_reward is not None and self.model is not None and self.model.training:
+                out = self._refill(self._refill_reward, inputs, prompts, out)
         return out
+
+    # --- group refill ---------------------------------------------------------------------------------------
+
+    def _check_refill(self, rounds: int) -> RemoteReward | None:
+        """The reward function refill rounds grade through; None when the run refills nothing."""
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"refill_rounds must be a whole number of rounds, 0 or more, got {rounds!r}")
+        if rounds == 0:
+            return None
+        remote = [r for r in self.reward_funcs if isinstance(r, RemoteReward) and r.dataset is not None]
+        if not remote:
+            raise ValueError(
+                "refill_rounds asks the dataserver which graded groups to replace, so a reward function must grade "
+                "there: pass reward_funcs=remote_reward(client, dataset=dataset), dataset being the run's "
+                "RemoteRLDataset"
+            )
+        if self.use_vllm or self.rollout_func is not None or self.tools:
+            raise ValueError(
+                "refill_rounds generates the replaced groups' rows again with the model's own generate; it does "
+                "not drive vLLM, a rollout_func or tools: set refill_rounds=0 for such a run"
+            )
+        return remote[0]
+
+    def _refill(
+        self, reward: RemoteReward, inputs: list[dict[str, Any]], prompts: list[Any], out: tuple[Any, ...]
+    ) -> tuple[Any, ...]:
+        """Replace the step's groups the server's refill rule does not keep, round by round, and generate only
+        their rows again. ``inputs`` and ``prompts`` are TRL's, changed in place (its rewards and log-prob
+        passes read them afterwards); returns ``out`` (``_generate``'s result) with the new rows spliced in."""
+        assert reward.dataset is not None
+        steps = {int(row["iteration"]) for row in inputs}
+        if len(steps) != 1 or "image" in inputs[0] or "images" in inputs[0]:
+            return out  # a generation batch of a RemoteRLDataset is one step, with text prompts
+        step = steps.pop()
+        rows = [list(part) if isinstance(part, list) else part for part in out]
+        completion_ids, completions = rows[1], rows[3]
+        allowed = min(self.refill_rounds, reward.dataset.refill_rounds(step))
+        fresh = list(range(len(inputs)))  # the rows generated last, which the next round reads the grades of
+        rounds = replaced = 0
+        for round_ in range(1, allowed + 1):
+            _grade(
+                reward, [inputs[j] for j in fresh], [completions[j] for j in fresh], [completion_ids[j] for j in fresh]
+            )
+            self.accelerator.wait_for_everyone()  # every process's rows are graded before the server decides
+            answer = reward.client.refill(step, round_, self.num_generations or 1)
+            if not answer.replacements:
+                break
+            rounds, replaced = round_, replaced + len(answer.replacements)
+            by_slot = {r.replaces: r.sample for r in answer.replacements}
+            fresh = [j for j, row in enumerate(inputs) if int(row["slot"]) in by_slot]
+            for j in fresh:
+                inputs[j].update(reward.dataset.row(by_slot[int(inputs[j]["slot"])], inputs[j]))
+                prompts[j] = inputs[j]["prompt"]
+            # Generation is collective (TRL gathers its metrics; sharded weights): every process generates as
+            # many rows as the process with the most replaced rows, padded with copies of its own first row.
+            count = torch.tensor([len(fresh)], device=self.accelerator.device)
+            most = int(self.accelerator.gather(count).max().item())
+            padded = fresh + [fresh[0] if fresh else 0] * (most - len(fresh))
+            again = [
+                part[: len(fresh)] if isinstance(part, list) else part
+                for part in super()._generate([prompts[j] for j in padded])
+            ]
+            if not fresh:
+                continue
+            for n, j in enumerate(fresh):
+                for part, new in zip(rows, again, strict=True):
+                    if isinstance(part, list) and isinstance(new, list) and len(new) == len(fresh):
+                        part[j] = new[n]
+            reward.post([inputs[j] for j in fresh], [completions[j] for j in fresh], [completion_ids[j] for j in fresh])
+        self._metrics["train"]["proctor/refill_rounds"].append(float(rounds))
+        self._metrics["train"]["proctor/refilled_groups"].append(float(replaced))
+        return tuple(rows)
 
     # --- log-prob passes ------------------------------------------------------------------------------------
 
@@ -737,6 +813,22 @@ def _gather_rows(accelerator: Any, inputs: dict[str, Any], rows: int) -> dict[st
         tensor = accelerator.gather(tensor)
         gathered[key] = tensor.to(torch.bool) if value.dtype == torch.bool else tensor
     return gathered
+
+
+def _grade(
+    reward: RemoteReward, rows: Sequence[dict[str, Any]], completions: Sequence[Any], completion_ids: Sequence[Any]
+) -> None:
+    """Have the dataserver grade ``rows``' completions, and wait until it has."""
+    if rows:
+        reward(
+            [row["prompt"] for row in rows],
+            completions,
+            completion_ids,
+            sample_id=[row["sample_id"] for row in rows],
+            slot=[row["slot"] for row in rows],
+            completion_index=[row["completion_index"] for row in rows],
+            iteration=[row["iteration"] for row in rows],
+        )
 
 
 def _reference_adapter_active(model: Any) -> bool:

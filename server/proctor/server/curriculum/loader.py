@@ -17,6 +17,7 @@ from proctor.server.spec import (
     AdvanceGate,
     CurriculumError,
     CurriculumSpec,
+    RefillSpec,
     TargetDifficultySamplerSpec,
     read_spec,
     stage_sources,
@@ -33,6 +34,7 @@ class Stage:
     mix: tuple[tuple[str, float], ...]  # weights normalised to sum to 1
     replay: float
     advance: AdvanceGate | None
+    refill: RefillSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,7 @@ def load_curriculum(path: str | Path, *, seed: int | None = None) -> Curriculum:
             mix=_normalise([(m.source, m.weight) for m in st.mix]),
             replay=st.replay,
             advance=st.advance,
+            refill=st.refill,
         )
         for i, st in enumerate(spec.stages)
     )

@@ -26,6 +26,8 @@ class IterationTally:
     groups: int = 0
     zero_variance_groups: int = 0
     mix_weights: dict[str, float] | None = None  # a learning-progress stage's source weights
+    refill_rounds: int = 0  # refill rounds that replaced groups
+    refilled_groups: int = 0
 
     @property
     def mean_reward(self) -> float | None:
@@ -43,8 +45,9 @@ class Timeline:
         totals: Iterable[IterationTotals],
         errors: Sequence[tuple[int, str, str]],
         mix_weights: Mapping[int, dict[str, float]] | None = None,
+        refills: Mapping[int, tuple[int, int]] | None = None,
     ) -> None:
-        weights = mix_weights or {}
+        weights, refilled = mix_weights or {}, refills or {}
         for t in totals:
             self._add(
                 IterationTally(
@@ -56,6 +59,7 @@ class Timeline:
                     t.groups,
                     t.zero_variance_groups,
                     weights.get(t.iteration),
+                    *refilled.get(t.iteration, (0, 0)),
                 )
             )
         self.errors.clear()
@@ -69,6 +73,13 @@ class Timeline:
         tally = self._tallies.get(iteration)
         if tally is not None:
             tally.mix_weights = dict(weights)
+
+    def refilled(self, iteration: int, groups: int) -> None:
+        """A refill round of ``iteration`` replaced ``groups`` groups."""
+        tally = self._tallies.get(iteration)
+        if tally is not None and groups:
+            tally.refill_rounds += 1
+            tally.refilled_groups += groups
 
     def _add(self, tally: IterationTally) -> None:
         self._tallies[tally.iteration] = tally

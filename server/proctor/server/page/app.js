@@ -267,7 +267,10 @@
       `<b>iteration ${int(p.iteration)}</b> · ${stageLabel(p.stage_index, p.stage)}<br>` +
       `mean reward <b>${fixed(p.mean_reward)}</b> over ${plural(p.graded, "completion", "completions")}` +
       `${p.errors ? `, ${plural(p.errors, "error", "errors")}` : ""}<br>` +
-      `${plural(p.groups, "group", "groups")}, ${int(p.zero_variance_groups)} with zero variance${share}`
+      `${plural(p.groups, "group", "groups")}, ${int(p.zero_variance_groups)} with zero variance${share}` +
+      (p.refill_rounds
+        ? `<br>refilled ${plural(p.refilled_groups, "group", "groups")} in ${plural(p.refill_rounds, "round", "rounds")}`
+        : "")
     );
   }
 
@@ -629,6 +632,18 @@
         .join(""),
     );
     parts.push(averageLine(withGroups, (p) => p.zero_variance_groups / p.groups, (p) => p.groups, f.x, y));
+    // Iterations whose trainer replaced groups (POST /refill): a mark above the bar, its rounds in data-rounds.
+    const refilled = d.iterations.filter((p) => p.refill_rounds > 0);
+    parts.push(
+      refilled
+        .map(
+          (p) =>
+            `<circle class="refill" data-iteration="${p.iteration}" data-rounds="${p.refill_rounds}" ` +
+            `data-groups="${p.refilled_groups}" cx="${n2(f.x(p.iteration))}" cy="${n2(m.t + 3)}" r="3"/>`,
+        )
+        .join(""),
+    );
+    $("refill-legend").hidden = !refilled.length;
     if (!withGroups.length) {
       parts.push(
         `<text x="${n2((m.l + W - m.r) / 2)}" y="${n2(H / 2)}" text-anchor="middle">No group has two graded completions yet.</text>`,

@@ -195,6 +195,21 @@ class Rollouts:
         while len(self._opened) > _OPENED:
             del self._opened[next(iter(self._opened))]
 
+    async def record_refill(
+        self,
+        iteration: int,
+        round_: int,
+        detail: dict[str, Any],
+        samples_json: str,
+        new_ids: Sequence[str],
+        replaced: Mapping[int, int],
+    ) -> None:
+        """Store a refill round of a step (see :meth:`Store.record_refill`) and mark the slots it replaced in the
+        step's table (``replaced_by``: the slot that replaced each), in one transaction."""
+        x = self.experience
+        state = self.ctx.storage.store
+        await x.call(_record_refill, state, x.store, iteration, round_, detail, samples_json, new_ids, replaced)
+
     async def open(self, iteration: int, slots: int, group_size: int | None) -> TableInfo:
         """Open the step's table; for a step this server sampled, its prompt's columns are written."""
         served = await self.sampling.served(iteration) if iteration >= 0 else None
@@ -567,6 +582,24 @@ class _SampledTables:
                 self._rollouts.opened(row.iteration)
 
 
+def _record_refill(
+    state: Store,
+    experience: ExperienceStore,
+    iteration: int,
+    round_: int,
+    detail: dict[str, Any],
+    samples_json: str,
+    new_ids: Sequence[str],
+    replaced: Mapping[int, int],
+) -> None:
+    with experience.batch():
+        state.record_refill(iteration, round_, detail, samples_json, new_ids)
+        # A replaced group of an earlier round sits in a slot past the batch, which the table does not have.
+        slots = sorted(s for s in replaced if experience.has(iteration) and s < experience.table(iteration).slots)
+        if slots:
+            experience.put_slots(iteration, slots, {col.REPLACED_BY: [replaced[s] for s in slots]})
+
+
 @dataclass(frozen=True, slots=True)
 class _Step:
     """What opening a sampled step's table needs of its batch."""
@@ -578,11 +611,12 @@ class _Step:
 
     @classmethod
     def served(cls, batch: ServedBatch) -> _Step:
-        return cls(batch.iteration, batch.batch_size, batch.sample_ids, batch.stage_name)
+        # The batch's own slots: those its refill rounds added hold loose completions.
+        return cls(batch.iteration, batch.batch_size, batch.sample_ids[: batch.batch_size], batch.stage_name)
 
     @classmethod
     def recorded(cls, row: IterationRow, curriculum: Curriculum) -> _Step:
-        ids = [str(s["sample_id"]) for s in row.samples]
+        ids = [str(s["sample_id"]) for s in row.samples[: row.batch_size]]
         return cls(row.iteration, row.batch_size, ids, curriculum.stages[row.stage].name)
 
 
@@ -703,9 +737,9 @@ def _place(
     loose: list[int] = []
     by_step: dict[int, list[int]] = {}
     for n, c in enumerate(completions):
-        if c.step_slot is not None and experience.has(c.step):
+        if c.step_slot is not None and experience.has(c.step) and c.step_slot < experience.table(c.step).slots:
             by_step.setdefault(c.step, []).append(n)
-        else:  # no slot in its step, or a step retention dropped
+        else:  # no slot in its step's table (a refill's slot past the batch), or a step retention dropped
             loose.append(n)
     for step, ns in by_step.items():
         keys = [(completions[n].step_slot or 0, completions[n].completion_index) for n in ns]

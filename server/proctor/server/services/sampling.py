@@ -101,12 +101,11 @@ class SamplingService:
         samples: list[dict[str, Any]] = []
         encoded: list[bytes] = []
         async for source, key in paced(picks):
-            samples.append(self._sample_dict(source, key))
+            samples.append(self.sample_dict(source, key))
             encoded.append(encode_sample(len(encoded), samples[-1]))
         stage_name = self.ctx.curriculum.stages[stage].name
-        batch = ServedBatch(
-            iteration, batch_size, stage, stage_name, tuple(encoded), tuple(s["sample_id"] for s in samples)
-        )
+        ids = tuple(s["sample_id"] for s in samples)
+        batch = ServedBatch(iteration, batch_size, stage, stage_name, tuple(encoded), ids, self.refill_rounds(stage))
         row = IterationRow(iteration, batch_size, stage, samples, draw.decision)
         committed = self.ctx.storage.record_iteration(row, transitions, batch.samples_json())
         self._pending[iteration] = (batch, committed)
@@ -129,7 +128,8 @@ class SamplingService:
         if batch is None and last is not None and iteration <= last:
             row = await self.ctx.storage.get_iteration(iteration)
             if row is not None:
-                batch = ServedBatch.of(row, self.ctx.curriculum.stages[row.stage].name)
+                stage = self.ctx.curriculum.stages[row.stage]
+                batch = ServedBatch.of(row, stage.name, self.refill_rounds(row.stage))
                 self.cache.put(batch)
         return batch
 
@@ -138,7 +138,17 @@ class SamplingService:
         if not fut.cancelled() and fut.exception() is None:
             self.cache.put(batch)
 
-    def _sample_dict(self, source: str, key: int) -> dict[str, Any]:
+    def refill_rounds(self, stage: int) -> int:
+        """The refill rounds a stage allows (0: it refills nothing)."""
+        refill = self.ctx.curriculum.stages[stage].refill
+        return 0 if refill is None else refill.max_rounds
+
+    def refilled(self, batch: ServedBatch) -> None:
+        """Serve ``batch`` from now on: a committed one that a refill round extended (and stored)."""
+        self.cache.put(batch)
+
+    def sample_dict(self, source: str, key: int) -> dict[str, Any]:
+        """A record as the store keeps it among an iteration's samples."""
         src = self.ctx.curriculum.sources[source]
         record = src.record(key)
         return {

@@ -175,6 +175,8 @@ def dashboard(progress: CurriculumProgress) -> wire.Dashboard:
                 groups=t.groups,
                 zero_variance_groups=t.zero_variance_groups,
                 mix_weights=t.mix_weights,
+                refill_rounds=t.refill_rounds,
+                refilled_groups=t.refilled_groups,
             )
             for t in progress.timeline.tallies()
         ],

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from proctor.experience.database import Database, is_postgresql
 from proctor.server.exceptions import ProctorError
 from proctor.server.state.items import ItemTracking
-from proctor.server.store.schema import MIGRATE_1_TO_2, MIGRATE_2_TO_3, SCHEMA, SCHEMA_VERSION
+from proctor.server.store.schema import MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4, SCHEMA, SCHEMA_VERSION
 
 __all__ = [
     "SQLiteVersionError",
@@ -100,6 +100,8 @@ class StateConnection:
             self._db.script("BEGIN IMMEDIATE;" + MIGRATE_1_TO_2 + "COMMIT;")
         if self._schema_version() == "2":
             self._db.script("BEGIN IMMEDIATE;" + MIGRATE_2_TO_3 + "COMMIT;")
+        if self._schema_version() == "3":
+            self._db.script("BEGIN IMMEDIATE;" + MIGRATE_3_TO_4 + "COMMIT;")
         self._db.script(SCHEMA)
         self._opened()
 
@@ -121,7 +123,7 @@ class StateConnection:
                     "stands by for that one and takes over when it stops. One process serves a database at a time"
                 )
             self._reader = Database.postgresql(self.path, application="proctor-reader")
-            self._db.script(SCHEMA)
+            self._db.script(MIGRATE_3_TO_4 if self._schema_version() == "3" else SCHEMA)
         except BaseException:
             self._db.close()
             raise

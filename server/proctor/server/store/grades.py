@@ -56,6 +56,20 @@ class GradeQueries(StateConnection):
         )
         return [(sample_id, slot, GroupState(n, mean, m2)) for sample_id, slot, n, mean, m2 in rows]
 
+    def slot_rewards(self, iteration: int, slots: Sequence[int]) -> dict[int, dict[int, float | None]]:
+        """The stored rewards of ``slots`` of a step, by slot then completion index (None: its grading failed);
+        the first grade of a completion index counts."""
+        out: dict[int, dict[int, float | None]] = {}
+        for part in _parts(sorted(set(slots)), _KEYS_PER_STATEMENT):
+            marks = ",".join("?" * len(part))
+            for slot, index, reward, error in self._reader.execute(
+                f"SELECT slot, completion_index, reward, error FROM grades WHERE iteration = ? AND slot IN ({marks})"
+                " ORDER BY seq",
+                (iteration, *part),
+            ):
+                out.setdefault(int(slot), {}).setdefault(int(index), None if error is not None else float(reward))
+        return out
+
     def records(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], ItemState]:
         """The stored state of the records ``(source, key)`` that have one."""
         out: dict[tuple[str, int], ItemState] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from proctor.server.state.rows import (
     DecisionRow,
@@ -72,6 +73,45 @@ class IterationQueries(StateConnection):
                 " ON CONFLICT (source, key) DO UPDATE SET served_epoch = excluded.served_epoch",
                 params,
             )
+
+    def record_refill(
+        self, iteration: int, round_: int, detail: dict[str, Any], samples_json: str, new_ids: Sequence[str]
+    ) -> None:
+        """Store a refill round of ``iteration`` (what it replaced, ``detail``) with the step's samples, the
+        replacing ones appended (``samples_json``), atomically; the replacing ``new_ids`` are indexed as served
+        by the step."""
+        with self._tx():
+            self._db.defer(
+                "INSERT INTO refills (iteration, round, detail, created_at) VALUES (?, ?, ?, ?)",
+                (iteration, round_, json.dumps(detail), time.time()),
+            )
+            self._db.defer("UPDATE iterations SET samples = ? WHERE iteration = ?", (samples_json, iteration))
+            for part in _parts(sorted(set(new_ids)), _ROWS_PER_STATEMENT):
+                values, params = self._db.rows(("text", "bigint"), [(sid, iteration) for sid in part])
+                self._db.defer(
+                    f"INSERT INTO served (sample_id, iteration) {values} ON CONFLICT (sample_id) DO UPDATE"
+                    " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
+                    params,
+                )
+
+    def refills(self, iteration: int) -> list[tuple[int, dict[str, Any]]]:
+        """The refill rounds recorded for ``iteration``, as ``(round, detail)``, in round order."""
+        rows = self._reader.execute(
+            "SELECT round, detail FROM refills WHERE iteration = ? ORDER BY round", (iteration,)
+        ).fetchall()
+        return [(int(r), json.loads(d)) for r, d in rows]
+
+    def refill_counts(self, first: int) -> dict[int, tuple[int, int]]:
+        """Per iteration from ``first`` on, its refill rounds that replaced groups, and the groups they replaced."""
+        out: dict[int, tuple[int, int]] = {}
+        for iteration, detail in self._db.execute(
+            "SELECT iteration, detail FROM refills WHERE iteration >= ? ORDER BY iteration, round", (first,)
+        ):
+            groups = len(json.loads(detail)["replaced"])
+            if groups:
+                rounds, replaced = out.get(int(iteration), (0, 0))
+                out[int(iteration)] = (rounds + 1, replaced + groups)
+        return out
 
     def adopt_transitions(self, transitions: Sequence[TransitionRecord], decided_through: int | None) -> None:
         """Record transitions decided by another run, and how far that run had decided (see

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["MIGRATE_1_TO_2", "MIGRATE_2_TO_3", "SCHEMA", "SCHEMA_VERSION"]
+__all__ = ["MIGRATE_1_TO_2", "MIGRATE_2_TO_3", "MIGRATE_3_TO_4", "SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -82,6 +82,15 @@ CREATE TABLE IF NOT EXISTS decisions (
     state TEXT NOT NULL,
     detail TEXT NOT NULL
 );
+-- A step's refill rounds (POST /refill): the rule, and which groups each round replaced by which slot. The
+-- replacing samples are appended to the step's `iterations.samples`, past its batch_size.
+CREATE TABLE IF NOT EXISTS refills (
+    iteration INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    detail TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (iteration, round)
+);
 """
 
 # Version 1 keyed grades without a slot and kept no served index; both are rebuilt from what it stored.
@@ -106,3 +115,6 @@ UPDATE meta SET value = '2' WHERE key = 'schema_version';
 
 # Version 2 had no per-record state: the new tables start empty (the grades before them are not folded in).
 MIGRATE_2_TO_3 = SCHEMA + "UPDATE meta SET value = '3' WHERE key = 'schema_version';"
+
+# Version 3 had no refills: the table starts empty.
+MIGRATE_3_TO_4 = SCHEMA + "UPDATE meta SET value = '4' WHERE key = 'schema_version';"
