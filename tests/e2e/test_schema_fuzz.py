@@ -65,9 +65,15 @@ def test_generated_requests_get_only_documented_answers(
     # Any failed check fails the run (above). Schemathesis also warns when most of an operation's generated
     # requests are refused, a sampling heuristic; that is expected only where acceptance depends on what the
     # server holds, which no schema can say: a lease must be live (collect), a consumer registered (dispatch),
-    # and an iteration keeps the batch_size it was first sampled with (/sample).
-    stateful = {"POST /experience/leases/{lease}/collect", "POST /experience/consumers/{name}/dispatch", "POST /sample"}
+    # an iteration keeps the batch_size it was first sampled with (/sample), and a refill needs a step sampled in
+    # a stage that refills and graded (/refill).
+    stateful = {
+        "POST /experience/leases/{lease}/collect",
+        "POST /experience/consumers/{name}/dispatch",
+        "POST /sample",
+        "POST /refill",
+    }
     warned = set(re.findall(r"^\s+- (POST \S+|GET \S+|PUT \S+)$", out, flags=re.MULTILINE))
     assert "No issues found" in out or ("1 warning in" in out and "mostly rejected generated data" in out), out[-3000:]
     assert warned <= stateful, out[-3000:]
-    assert "19 selected / 19 total" in result.stdout  # every route was exercised, /openapi.json itself aside
+    assert "20 selected / 20 total" in result.stdout  # every route was exercised, /openapi.json itself aside
