@@ -102,6 +102,9 @@ LATENCY_SAMPLERS = (
 # Goals the run is reported against: learning_progress's steps (per-source learner), the best per-record
 # sampler's steps (per-record learner), each against uniform's; /sample's p99 with each adaptive sampler.
 LEARNING_PROGRESS_GOAL, PER_RECORD_GOAL, P99_TARGET_MS = 0.6, 0.8, 10.0
+# learning_progress + refill (per-source learner): rollouts to the target ÷ uniform's, and the share of the
+# groups trained on that scored alike.
+REFILL_ROLLOUTS_GOAL, REFILL_ZERO_VARIANCE_GOAL = 0.7, 0.05
 LEARNING_PROGRESS = "{kind: learning_progress}"
 REFILL = "{kind: zero_variance}"
 
@@ -619,6 +622,17 @@ def report(out: dict[str, Any]) -> str:
     lines.append(
         f"goal: learning_progress without gates ≤ {LEARNING_PROGRESS_GOAL}× uniform's steps (per-source learner): "
         + _verdict(ratio, LEARNING_PROGRESS_GOAL, steps)
+    )
+    refilled = source_rows["learning_progress + refill"]
+    ratio = _ratio(refilled.median_rollouts, base.median_rollouts)
+    lines.append(
+        f"goal: learning_progress + refill ≤ {REFILL_ROLLOUTS_GOAL}× uniform's rollouts (per-source learner): "
+        + _verdict(ratio, REFILL_ROLLOUTS_GOAL, steps)
+    )
+    share = refilled.trained_zero_variance
+    lines.append(
+        f"goal: learning_progress + refill trains on ≤ {REFILL_ZERO_VARIANCE_GOAL:.0%} zero-variance groups "
+        f"(per-source learner): {'met' if share <= REFILL_ZERO_VARIANCE_GOAL else 'missed'} ({share:.1%})"
     )
     per_record = LEARNERS[1].name
     record_rows = {s.name: s for s in tables[per_record]}

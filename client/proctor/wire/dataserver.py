@@ -366,6 +366,9 @@ class StageState(_Wire):
     until_step: int
     started_at: int | None = Field(description="Iteration at which the stage began; null if not reached.")
     advance: dict[str, float | int] | None = None
+    refill: dict[str, str | float | int] | None = Field(
+        default=None, description="The stage's refill rule (POST /refill), as written; null when it refills nothing."
+    )
     iterations: int = Field(description="Iterations sampled in this stage.")
     samples: int = Field(description="Prompts served in this stage.")
     graded: int = Field(description="Completions graded without error.")

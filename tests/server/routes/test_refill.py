@@ -66,6 +66,8 @@ async def test_a_round_replaces_the_groups_without_signal_once(open_client: Call
     async with open_client(database_url=state) as client:
         batch = await post(client, "/sample", {"iteration": 1, "batch_size": 4})
         assert batch["refill_rounds"] == 2
+        stages = (await client.get("/curriculum")).json()["stages"]
+        assert [s["refill"] for s in stages] == [None, {"kind": "zero_variance", "max_rounds": 2}]
         samples = batch["samples"]
 
         never = await refill(client, 1, 422)

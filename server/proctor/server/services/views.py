@@ -110,6 +110,7 @@ def curriculum_state(progress: CurriculumProgress) -> wire.CurriculumState:
             until_step=s.until_step,
             started_at=starts.get(s.index) if s.index <= current else None,
             advance=s.advance.model_dump() if s.advance else None,
+            refill=s.refill.model_dump() if s.refill else None,
             iterations=tally.iterations,
             samples=tally.samples,
             graded=tally.graded,
