@@ -285,3 +285,45 @@ def test_a_step_whose_table_the_store_no_longer_keeps_is_graded_through_grade(
         rewards = remote_reward(client, dataset=ds)(prompts=["p"] * 4, completions=answers, **keys)
         ds.close()
     assert rewards == [1.0] * 4
+
+
+def test_components_are_a_reward_function_per_grader_fed_by_one_grade_call(
+    client: ProctorClient, curriculum_file: Path, sent: list[httpx.Request]
+) -> None:
+    # Iteration 10 is in stage `main`: `add` (graded by `numeric`) and `qa` (by `exact_match`, and `half` with
+    # weight 0). The tiny curriculum's other sources bring `slow`, `boom` and `crash`, and `faulty` weighs
+    # `numeric` half where `add` weighs it whole.
+    funcs = remote_reward(client, components=True)
+    assert [f.__name__ for f in funcs] == ["numeric", "exact_match", "half", "slow", "boom", "crash"]
+    weights = {f.__name__: f.weight for f in funcs}
+    assert weights == {"numeric": None, "exact_match": 1.0, "half": 0.0, "slow": 1.0, "boom": 0.5, "crash": 1.0}
+    samples = client.sample(10, 4).samples
+    qa = {row["q"]: row["a"] for row in map(json.loads, (curriculum_file.parent / "qa.jsonl").read_text().splitlines())}
+    completions = [qa.get(s.prompt, str(eval(s.metadata.get("expression", "0")))) for s in samples]
+    cols: dict[str, Any] = {
+        "prompts": [s.prompt for s in samples],
+        "completions": completions,
+        "sample_id": [s.sample_id for s in samples],
+        "slot": [s.slot for s in samples],
+        "completion_index": [0] * len(samples),
+        "iteration": [10] * len(samples),
+    }
+    already = len(sent)
+    scores = {f.__name__: f(**cols) for f in funcs}
+    # One /grade for all of them.
+    assert sum(r.url.path == "/grade" for r in sent[already:]) == 1
+    is_qa = [s.dataset_id == "qa" for s in samples]
+    assert scores["exact_match"] == [1.0 if q else None for q in is_qa]
+    assert scores["half"] == [0.5 if q else None for q in is_qa]
+    assert scores["numeric"] == [None if q else 1.0 for q in is_qa]
+    assert scores["slow"] == scores["boom"] == scores["crash"] == [None] * len(samples)
+    # The same rows again (the next step's call would differ): still no second /grade.
+    assert remote_reward(client)(**cols) == [1.0] * len(samples)
+    assert funcs[0](**cols) == scores["numeric"]
+    assert sum(r.url.path == "/grade" for r in sent[already:]) == 2  # the second from the plain reward above
+
+
+def test_components_need_on_error_skip(with_meta: WithMeta) -> None:
+    client = ProctorClient("http://proctor.test", transport=with_meta(lambda r: httpx.Response(500)))
+    with pytest.raises(ValueError, match=r"remote_reward\(components=True\) gives each grader's own score"):
+        remote_reward(client, on_error="server", components=True)

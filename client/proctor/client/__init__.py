@@ -26,13 +26,14 @@ if TYPE_CHECKING:
     from proctor.client.dataset import GenerationLayout, RemoteRLDataset
     from proctor.client.experience import ExperienceClient
     from proctor.client.export import export_rollouts
-    from proctor.client.rewards import RemoteReward, remote_reward
+    from proctor.client.rewards import GraderReward, RemoteReward, remote_reward
 
 __all__ = [
     "Conflict",
     "DataserverError",
     "ExperienceClient",
     "GenerationLayout",
+    "GraderReward",
     "NotReadyError",
     "ProctorClient",
     "RemoteRLDataset",
@@ -56,7 +57,7 @@ def __getattr__(name: str) -> Any:
         from proctor.client.experience import ExperienceClient
 
         return ExperienceClient
-    if name in ("RemoteReward", "remote_reward"):
+    if name in ("GraderReward", "RemoteReward", "remote_reward"):
         from proctor.client import rewards
 
         return getattr(rewards, name)

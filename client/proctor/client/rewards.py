@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -30,17 +30,41 @@ from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
 from proctor.experience import CellConflictError, CellsMissingError, RowKey, UnknownIterationError
 from proctor.experience import columns as col
-from proctor.wire.dataserver import GradeItem
+from proctor.wire.dataserver import GradeItem, LocalGraderSpec, RemoteGraderSpec
 
 if TYPE_CHECKING:
     from proctor.client.dataset import RemoteRLDataset
 
-__all__ = ["RemoteReward", "remote_reward"]
+__all__ = ["GraderReward", "RemoteReward", "remote_reward"]
 
 _WAIT_S = 10.0  # longest a read of rewards not yet written is held by the server
 
 # One completion's reward, the score of each grader that gave one, and the failure, if any.
 _Grade = tuple[float, Mapping[str, float], str | None]
+
+
+@overload
+def remote_reward(
+    client: ProctorClient,
+    *,
+    on_error: Literal["skip", "server"] = "skip",
+    dataset: RemoteRLDataset | None = None,
+    through: Literal["store", "grade"] | None = None,
+    timeout_s: float = 600.0,
+    components: Literal[False] = False,
+) -> RemoteReward: ...
+
+
+@overload
+def remote_reward(
+    client: ProctorClient,
+    *,
+    on_error: Literal["skip", "server"] = "skip",
+    dataset: RemoteRLDataset | None = None,
+    through: Literal["store", "grade"] | None = None,
+    timeout_s: float = 600.0,
+    components: Literal[True],
+) -> list[GraderReward]: ...
 
 
 def remote_reward(
@@ -50,8 +74,10 @@ def remote_reward(
     dataset: RemoteRLDataset | None = None,
     through: Literal["store", "grade"] | None = None,
     timeout_s: float = 600.0,
-) -> RemoteReward:
-    """A reward function for ``GRPOTrainer(reward_funcs=...)`` backed by the dataserver's graders.
+    components: bool = False,
+) -> RemoteReward | list[GraderReward]:
+    """A reward function for ``GRPOTrainer(reward_funcs=...)`` backed by the dataserver's graders; with
+    ``components=True``, one reward function per grader (:meth:`RemoteReward.components`).
 
     ``through`` picks the way: ``"store"`` (the default with ``dataset``, which it needs for the step's
     layout) or ``"grade"`` (the default without). With ``dataset`` (the run's
@@ -64,7 +90,8 @@ def remote_reward(
     number of failed gradings (``proctor/grading_errors``) and the generation step (``proctor/iteration``)
     through TRL's ``log_metric``.
     """
-    return RemoteReward(client, on_error=on_error, dataset=dataset, through=through, timeout_s=timeout_s)
+    reward = RemoteReward(client, on_error=on_error, dataset=dataset, through=through, timeout_s=timeout_s)
+    return reward.components() if components else reward
 
 
 class RemoteReward:
@@ -106,6 +133,8 @@ class RemoteReward:
         # past the step's batch (the table has none).
         self._again: dict[int, set[RowKey]] = defaultdict(set)
         self._outside: set[int] = set()  # steps whose tables the store no longer keeps
+        # The grades of the latest call's rows: the reward functions of components() share one fetch a step.
+        self._last: tuple[tuple[Any, ...], list[_Grade]] | None = None
         if dataset is not None:
             dataset.fetcher.prefetch = False  # prefetching moves here, next to the wait for the graders
 
@@ -241,11 +270,72 @@ class RemoteReward:
         log_metric: Callable[[str, float], None] | None = None,
         **_: Any,
     ) -> list[float | None]:
+        grades = self.grades(
+            completions,
+            completion_ids,
+            sample_id=sample_id,
+            slot=slot,
+            completion_index=completion_index,
+            iteration=iteration,
+            log_metric=log_metric,
+        )
+        if self.on_error == "server":
+            return [reward for reward, _, _ in grades]
+        return [reward if error is None else None for reward, _, error in grades]
+
+    def components(self) -> list[GraderReward]:
+        """One TRL reward function per grader of the curriculum's sources (``GET /graders``), named after it, in
+        the curriculum's order; a row whose source has no such grader, or whose grading failed, gets ``None``.
+        All of them read one fetch of grades a step: the first to be called makes it, the others reuse it."""
+        if self.on_error != "skip":
+            raise ValueError(
+                "remote_reward(components=True) gives each grader's own score, and a failed grading has none: "
+                "use on_error='skip' (the row is left out of the advantages)"
+            )
+        weights: dict[str, set[float | None]] = {}
+        for spec in self.client.graders().sources.values():
+            every: list[LocalGraderSpec | RemoteGraderSpec] = [*spec.local, *spec.remote]
+            total = sum(g.weight for g in every if not g.multiplicative)
+            for g in every:
+                share = None if g.multiplicative or total <= 0 else g.weight / total
+                weights.setdefault(g.key, set()).add(share)
+        return [GraderReward(self, name, next(iter(w)) if len(w) == 1 else None) for name, w in weights.items()]
+
+    def grades(
+        self,
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        *,
+        sample_id: Sequence[str] | None,
+        slot: Sequence[int] | None,
+        completion_index: Sequence[int] | None,
+        iteration: Sequence[int] | None,
+        log_metric: Callable[[str, float], None] | None = None,
+    ) -> list[_Grade]:
+        """Each completion's ``(reward, score by grader, error)``. A repeated call with the same rows (the
+        components' reward functions, one after another) reuses the first call's grades."""
         if sample_id is None or slot is None or completion_index is None or iteration is None:
             raise TypeError(
                 "remote_reward needs the sample_id, slot, completion_index and iteration columns of each row; "
                 "train on a proctor.client.RemoteRLDataset"
             )
+        key = (tuple(iteration), tuple(slot), tuple(completion_index), tuple(map(_text, completions)))
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        grades = self._fetch(completions, completion_ids, sample_id, slot, completion_index, iteration, log_metric)
+        self._last = (key, grades)
+        return grades
+
+    def _fetch(
+        self,
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None,
+        sample_id: Sequence[str],
+        slot: Sequence[int],
+        completion_index: Sequence[int],
+        iteration: Sequence[int],
+        log_metric: Callable[[str, float], None] | None,
+    ) -> list[_Grade]:
         by_step: defaultdict[int, list[int]] = defaultdict(list)
         for j, step in enumerate(iteration):
             by_step[int(step)].append(j)
@@ -282,26 +372,60 @@ class RemoteReward:
                 for j, got in zip(positions, self._grade(step, items), strict=True):
                     grades[j] = got
 
-        rewards: list[float | None] = []
+        done: list[_Grade] = []
         components: defaultdict[str, list[float]] = defaultdict(list)
-        errors = 0
         for grade in grades:
             assert grade is not None  # every position belongs to one step
-            reward, scores, error = grade
-            if error is not None:
-                errors += 1
-                rewards.append(reward if self.on_error == "server" else None)
-            else:
-                rewards.append(reward)
-            for grader, score in scores.items():
+            done.append(grade)
+            for grader, score in grade[1].items():
                 components[grader].append(score)
         if log_metric is not None:
             for grader, values in sorted(components.items()):
                 log_metric(f"proctor/{grader}", sum(values) / len(values))
-            log_metric("proctor/grading_errors", float(errors))
+            log_metric("proctor/grading_errors", float(sum(error is not None for _, _, error in done)))
             if len(by_step) == 1:
                 log_metric("proctor/iteration", float(next(iter(by_step))))
-        return rewards
+        return done
+
+
+class GraderReward:
+    """One grader's score as a TRL reward function (see :meth:`RemoteReward.components`), named after the
+    grader. ``weight`` is its share of the reward the dataserver composes (its weight over the sum of the
+    additive graders' weights), the same in every source that uses it; None where the sources disagree or the
+    grader is multiplicative (a product, which no weighted sum expresses)."""
+
+    def __init__(self, shared: RemoteReward, grader: str, weight: float | None) -> None:
+        self.shared = shared
+        self.grader = grader
+        self.weight = weight
+        self.__name__ = grader  # TRL names a reward function's metrics after it
+
+    def __call__(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        *,
+        sample_id: Sequence[str] | None = None,
+        slot: Sequence[int] | None = None,
+        completion_index: Sequence[int] | None = None,
+        iteration: Sequence[int] | None = None,
+        log_metric: Callable[[str, float], None] | None = None,
+        **_: Any,
+    ) -> list[float | None]:
+        grades = self.shared.grades(
+            completions,
+            completion_ids,
+            sample_id=sample_id,
+            slot=slot,
+            completion_index=completion_index,
+            iteration=iteration,
+            log_metric=log_metric,
+        )
+        return [None if error is not None else scores.get(self.grader) for _, scores, error in grades]
+
+    def __repr__(self) -> str:
+        return f"GraderReward({self.grader!r}, weight={self.weight})"
 
 
 def _text(completion: Any) -> str:

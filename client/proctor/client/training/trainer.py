@@ -40,7 +40,7 @@ from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 from proctor.batching.dynamic import plan_dynamic_batches
 from proctor.batching.lcm import chunk_slices
 from proctor.batching.vocabulary import GenerationSizes, derive_generation_sizes
-from proctor.client.rewards import RemoteReward
+from proctor.client.rewards import GraderReward, RemoteReward
 from proctor.client.training.packing import keeps_packed_sequences_apart
 
 __all__ = ["BatchingLog", "LogpsCall", "ProctorGRPOConfig", "ProctorGRPOTrainer"]
@@ -287,9 +287,8 @@ class ProctorGRPOTrainer(GRPOTrainer):
         inputs = self._rollout_inputs
         if inputs is not None and len(inputs) == len(prompts):
             completion_ids, completions = out[1], out[3]
-            for reward in self.reward_funcs:
-                if isinstance(reward, RemoteReward):
-                    reward.post(inputs, completions, completion_ids)
+            for reward in _remote_rewards(self.reward_funcs):
+                reward.post(inputs, completions, completion_ids)
             if self._refill_reward is not None and self.model is not None and self.model.training:
                 out = self._refill(self._refill_reward, inputs, prompts, out)
         return out
@@ -302,7 +301,7 @@ class ProctorGRPOTrainer(GRPOTrainer):
             raise ValueError(f"refill_rounds must be a whole number of rounds, 0 or more, got {rounds!r}")
         if rounds == 0:
             return None
-        remote = [r for r in self.reward_funcs if isinstance(r, RemoteReward) and r.dataset is not None]
+        remote = [r for r in _remote_rewards(self.reward_funcs) if r.dataset is not None]
         if not remote:
             raise ValueError(
                 "refill_rounds asks the dataserver which graded groups to replace, so a reward function must grade "
@@ -813,6 +812,17 @@ def _gather_rows(accelerator: Any, inputs: dict[str, Any], rows: int) -> dict[st
         tensor = accelerator.gather(tensor)
         gathered[key] = tensor.to(torch.bool) if value.dtype == torch.bool else tensor
     return gathered
+
+
+def _remote_rewards(funcs: Sequence[Any]) -> list[RemoteReward]:
+    """The dataserver rewards behind a trainer's reward functions, each once (the components of
+    ``remote_reward(components=True)`` share one)."""
+    out: list[RemoteReward] = []
+    for func in funcs:
+        reward = func.shared if isinstance(func, GraderReward) else func
+        if isinstance(reward, RemoteReward) and all(reward is not seen for seen in out):
+            out.append(reward)
+    return out
 
 
 def _grade(
