@@ -36,9 +36,13 @@ $(VENV)/.train-installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -q -e '.[server,train]'
 	touch $(VENV)/.server-installed $@
 
+# OpenRLHF's own reward-server client (openrlhf.utils.agent), which the tests of its protocol call, installed
+# without its dependencies: those are its GPU training stack (deepspeed, flash-attn, ray); the client needs
+# aiohttp and pylatexenc, which the dev extra brings.
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -q 'torch==2.13.0'
 	$(PIP) install -q -e '.[server,train,dev]'
+	$(PIP) install -q --no-deps 'openrlhf==0.11.2'
 	touch $(VENV)/.server-installed $(VENV)/.train-installed $@
 
 serve: $(VENV)/.server-installed

@@ -19,6 +19,7 @@ from bench import (
     experience_throughput,
     math_grader,
     memory_soak,
+    peer_protocols,
     replicas,
     rollout_path,
     server_load,
@@ -33,6 +34,7 @@ NAMES = (
     "memory_soak",
     "experience_throughput",
     "grading_roles",
+    "peer_protocols",
     "curriculum_sim",
     "learning_run",
     "curriculum_run",
@@ -77,6 +79,8 @@ def main(args: Sequence[str]) -> None:
         from bench import grading_roles  # its overlap part needs the `train` extra
 
         grading_roles.main(flags_after("grading_roles", args))
+    if not only or "peer_protocols" in only:
+        peer_protocols.main(flags_after("peer_protocols", args))
     if not only or "curriculum_sim" in only:
         curriculum_sim.main(flags_after("curriculum_sim", args))
     # Imported when run: these need the `train` extra (torch, TRL), the server benchmarks do not.

@@ -34,7 +34,13 @@ def test_generated_requests_get_only_documented_answers(
 ) -> None:
     # How far past the run's latest iteration a /sample may reach depends on what was sampled before, which no
     # schema can say: here any iteration in the schema's range may be new.
-    env = {"PROCTOR_MAX_ITERATION_LEAP": str(2**53 - 1), **({"PROCTOR_API_KEY": api_key} if api_key else {})}
+    # A label that is not a sample id is graded by the default source, so that /score and the other trainers'
+    # routes grade what the fuzzer sends rather than refuse it.
+    env = {
+        "PROCTOR_MAX_ITERATION_LEAP": str(2**53 - 1),
+        "PROCTOR_PEER_DEFAULT_SOURCE": "add_1d",
+        **({"PROCTOR_API_KEY": api_key} if api_key else {}),
+    }
     server = server_process(
         ["curricula/arithmetic.yaml", "--database-url", str(tmp_path / "state.db"), "--grader-workers", "1"],
         cwd=ROOT,
@@ -65,15 +71,19 @@ def test_generated_requests_get_only_documented_answers(
     # Any failed check fails the run (above). Schemathesis also warns when most of an operation's generated
     # requests are refused, a sampling heuristic; that is expected only where acceptance depends on what the
     # server holds, which no schema can say: a lease must be live (collect), a consumer registered (dispatch),
-    # an iteration keeps the batch_size it was first sampled with (/sample), and a refill needs a step sampled in
-    # a stage that refills and graded (/refill).
+    # an iteration keeps the batch_size it was first sampled with (/sample), a refill needs a step sampled in a
+    # stage that refills and graded (/refill), and a generated label that has a sample id's shape must name a
+    # record the server has (/score and the other trainers' routes).
     stateful = {
         "POST /experience/leases/{lease}/collect",
         "POST /experience/consumers/{name}/dispatch",
         "POST /sample",
         "POST /refill",
+        "POST /score",
+        "POST /openrlhf/reward",
+        "POST /slime/reward",
     }
     warned = set(re.findall(r"^\s+- (POST \S+|GET \S+|PUT \S+)$", out, flags=re.MULTILINE))
     assert "No issues found" in out or ("1 warning in" in out and "mostly rejected generated data" in out), out[-3000:]
     assert warned <= stateful, out[-3000:]
-    assert "20 selected / 20 total" in result.stdout  # every route was exercised, /openapi.json itself aside
+    assert "23 selected / 23 total" in result.stdout  # every route was exercised, /openapi.json itself aside

@@ -39,6 +39,9 @@ from proctor.wire.dataserver import (
     SampleRequest,
     SampleResponse,
 )
+from proctor.wire.peers import ScoreItem, ScoreRequest, ScoreResponse, ScoreResult
+
+_Item = TypeVar("_Item", GradeItem, ScoreItem)
 
 __all__ = ["DEFAULT_TIMEOUT", "ProctorClient"]
 
@@ -117,6 +120,15 @@ class ProctorClient:
         body = RefillRequest(iteration=iteration, round=round_, group_size=group_size)
         return self._call("POST", "/refill", RefillResponse, body)
 
+    def score(self, items: Iterable[ScoreItem]) -> ScoreResponse:
+        """Rewards for completions named by label (``POST /score``): a sample id, or a reference answer for the
+        server's default source."""
+        results: list[ScoreResult] = []
+        envelope = len(ScoreRequest.model_construct(items=[]).model_dump_json())
+        for part in self._parts(list(items), envelope):
+            results.extend(self._call("POST", "/score", ScoreResponse, ScoreRequest(items=part)).results)
+        return ScoreResponse(results=results)
+
     def grade(self, items: Iterable[GradeItem], *, iteration: int | None = None) -> GradeResponse:
         """Rewards for completions; results carry ``(slot or sample_id, completion_index)`` to match them by.
 
@@ -124,28 +136,33 @@ class ProctorClient:
         read from ``/meta`` on the first call) are sent as several requests, in order, answered as one.
         """
         results: list[GradeResult] = []
-        for part in self._grade_parts(list(items), iteration):
-            results.extend(self._call("POST", "/grade", GradeResponse, part).results)
+        envelope = len(GradeRequest(iteration=iteration, items=[]).model_dump_json())
+        for part in self._parts(list(items), envelope):
+            results.extend(
+                self._call("POST", "/grade", GradeResponse, GradeRequest(iteration=iteration, items=part)).results
+            )
         return GradeResponse(results=results)
 
-    def _grade_parts(self, items: list[GradeItem], iteration: int | None) -> Iterator[GradeRequest]:
+    def _parts(self, items: list[_Item], envelope: int) -> Iterator[list[_Item]]:
+        """``items`` in requests within the server's limits (``max_grade_items``, ``max_body_bytes``, read from
+        ``/meta`` once); ``envelope`` is the size of a request without them."""
         if self._grade_limits is None:
             self.meta()
         assert self._grade_limits is not None
         max_items, max_bytes = self._grade_limits
         # Sizes as sent (compact JSON), with room for the envelope and a margin for encoder differences.
-        budget = int(max_bytes * 0.95) - len(GradeRequest(iteration=iteration, items=[]).model_dump_json())
-        part: list[GradeItem] = []
+        budget = int(max_bytes * 0.95) - envelope
+        part: list[_Item] = []
         size = 0
         for item in items:
             item_size = len(item.model_dump_json(exclude_none=True).encode()) + 1
             if part and (len(part) == max_items or size + item_size > budget):
-                yield GradeRequest(iteration=iteration, items=part)
+                yield part
                 part, size = [], 0
             part.append(item)
             size += item_size
         if part or not items:
-            yield GradeRequest(iteration=iteration, items=part)
+            yield part
 
     def graders(self) -> Graders:
         """Each source's graders as the server resolved them (what ``proctor grade-worker`` runs)."""
@@ -191,7 +208,7 @@ class ProctorClient:
             ) from exc
 
     def _send(self, method: str, path: str, body: BaseModel | None) -> httpx.Response:
-        # Encoded here, by the same encoder that _grade_parts sizes requests with (httpx's own JSON encoding
+        # Encoded here, by the same encoder that _parts sizes requests with (httpx's own JSON encoding
         # differs between versions: before 0.28 it escaped every non-ASCII character to six bytes).
         content = None if body is None else body.model_dump_json(exclude_none=True).encode()
         headers = None if body is None else {"Content-Type": "application/json"}

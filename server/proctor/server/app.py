@@ -25,7 +25,7 @@ from proctor.server.middleware import (
     RequestMetricsMiddleware,
 )
 from proctor.server.openapi import complete_openapi
-from proctor.server.routes import curriculum, experience, grade, ops, page, refill, sample
+from proctor.server.routes import curriculum, experience, grade, ops, page, peers, refill, sample
 from proctor.server.settings import Settings
 from proctor.server.store import Standby, redacted
 
@@ -101,6 +101,7 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
     app.include_router(sample.router, responses=keyed)
     app.include_router(refill.router, responses=keyed)
     app.include_router(grade.router, responses=keyed)
+    app.include_router(peers.router, responses=keyed)
     app.include_router(experience.router, responses=keyed)
     # The live page at `/`: static files, open like the health route (the page sends the key for its data).
     app.include_router(page.router)

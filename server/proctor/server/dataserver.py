@@ -39,7 +39,8 @@ from proctor.server.services.ledger import GradeLedger
 from proctor.server.services.refills import RefillService
 from proctor.server.services.rollouts import Rollouts
 from proctor.server.services.sampling import SamplingService
-from proctor.server.settings import Settings
+from proctor.server.services.scoring import ScoringService
+from proctor.server.settings import Settings, SettingsError
 from proctor.server.sources.base import SampleId
 from proctor.server.state.rows import StageTotals
 from proctor.server.storage import AsyncStore
@@ -66,12 +67,20 @@ class Dataserver:
         timeout_s = ctx.settings.grader_timeout_s
         fanout = GraderFanout(pool, http, ctx.metrics, timeout_s) if pool is not None else None
         self.grading = GradingService(ctx, fanout, self.rollouts)
+        self.scoring = ScoringService(ctx, self.grading, fanout)
         # Without local grader processes the role is left to remote grade-workers.
         self.grader_role = GraderRole(self.rollouts, fanout) if fanout is not None else None
 
     @classmethod
     async def open(cls, curriculum: Curriculum, settings: Settings, metrics: Metrics) -> Dataserver:
         """Open (or create) the state file, restore the curriculum's progress from it, start the graders."""
+        default = settings.peer_default_source
+        if default is not None and default not in curriculum.sources:
+            raise SettingsError(
+                "invalid configuration:\n  PROCTOR_PEER_DEFAULT_SOURCE (peer_default_source): "
+                f"{default!r} is not a source of curriculum {curriculum.name!r}; its sources are: "
+                + ", ".join(sorted(curriculum.sources))
+            )
         adopt: Callable[[Store], None] | None = None
         if settings.transitions is not None:
             history = read_history(settings.transitions, curriculum)

@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     max_grade_items: int = Field(default=4096, ge=1, description="Most items one /grade request may carry.")
     max_completion_chars: int = Field(default=200_000, ge=1, description="Longest completion /grade accepts.")
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, description="Largest request body (413).")
+    peer_default_source: str | None = Field(
+        default=None,
+        description="The curriculum source whose graders grade a /score (or OpenRLHF, slime) completion whose label "
+        "is not a sample id, against the label as its reference answer; unset: such a label is refused.",
+    )
     grader_workers: int = Field(
         default_factory=default_workers,
         ge=0,
