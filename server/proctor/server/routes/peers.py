@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
+from pydantic import BaseModel
 
 from proctor.server.deps import DataserverDep, json_body
 from proctor.server.errors import error_responses
@@ -28,11 +29,12 @@ _ERRORS = error_responses(400, 413, 415, 422, 503)
 
 
 @router.post("/score", response_model=ScoreResponse, openapi_extra=request_body(ScoreRequest), responses=_ERRORS)
-async def score(body: ScoreBody, server: DataserverDep) -> ScoreResponse:
+async def score(body: ScoreBody, server: DataserverDep) -> Response:
     """Rewards for completions named by label: a sample id names the record (graded like ``/grade`` without
     ``iteration``, and stored); any other label is the reference answer for the default source's graders
     (``PROCTOR_PEER_DEFAULT_SOURCE``)."""
-    return ScoreResponse(results=await server.scoring.score(body.items))
+    # Serialised here, once: returning the model would make FastAPI validate it again on the way out.
+    return _json(ScoreResponse(results=await server.scoring.score(body.items)))
 
 
 @router.post(
@@ -41,7 +43,7 @@ async def score(body: ScoreBody, server: DataserverDep) -> ScoreResponse:
     openapi_extra=request_body(OpenRLHFRewardRequest),
     responses=_ERRORS,
 )
-async def openrlhf_reward(body: OpenRLHFBody, server: DataserverDep) -> OpenRLHFRewardResponse:
+async def openrlhf_reward(body: OpenRLHFBody, server: DataserverDep) -> Response:
     """OpenRLHF's remote reward model (``--reward.remote_url http://HOST:PORT/openrlhf/reward``): each query is
     the prompt and the response decoded together; the response is what follows the prompt, without the special
     tokens that end it. Labels are read as by ``/score``."""
@@ -60,7 +62,7 @@ async def openrlhf_reward(body: OpenRLHFBody, server: DataserverDep) -> OpenRLHF
     shared = set.intersection(*(set(r.components) for r in results))
     logs = {name: [r.components[name] for r in results] for name in sorted(shared)}
     logs["grading_errors"] = [float(r.error is not None) for r in results]
-    return OpenRLHFRewardResponse(rewards=rewards, scores=rewards, extra_logs=logs)
+    return _json(OpenRLHFRewardResponse(rewards=rewards, scores=rewards, extra_logs=logs))
 
 
 @router.post("/slime/reward", response_model=float, openapi_extra=request_body(SlimeRewardRequest), responses=_ERRORS)
@@ -76,3 +78,7 @@ async def slime_reward(body: SlimeBody, server: DataserverDep) -> float:
 def _text(label: str | float | None) -> str | None:
     """A label as text; an empty one names nothing."""
     return None if label is None or label == "" else str(label)
+
+
+def _json(model: BaseModel) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
