@@ -1,7 +1,7 @@
-"""The ``proctor`` command: parses ``serve | validate | preview | grade-worker | export | train | demo`` and
+"""The ``proctor`` command: parses ``serve | validate | preview | grade-worker | export | regrade | train | demo`` and
 dispatches each.
 
-The dataserver's subcommands (``proctor.cli.dataserver``) and ``grade-worker`` need the ``server`` extra;
+The dataserver's subcommands (``proctor.cli.dataserver``), ``grade-worker`` and ``regrade`` need the ``server`` extra;
 ``export`` needs pyarrow for parquet; ``train`` and ``demo`` need the ``train`` extra (torch, TRL). Each is
 imported only when asked for.
 """
@@ -41,6 +41,12 @@ def _needs_train_extra(command: str, exc: ImportError) -> int:
         file=sys.stderr,
     )
     return 2
+
+
+def _regrade(args: argparse.Namespace) -> int:
+    from proctor.cli.regrade import regrade
+
+    return regrade(args)
 
 
 def _grade_worker(args: argparse.Namespace) -> int:
@@ -199,6 +205,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export_p.add_argument("--api-key", help="the server's API key (default: env PROCTOR_API_KEY)")
     export_p.set_defaults(run=_export)
+
+    regrade_p = sub.add_parser(
+        "regrade", help="grade a dataserver's kept completions again, the scores beside the old ones"
+    )
+    regrade_p.add_argument(
+        "--server", default="http://127.0.0.1:8000", help="the dataserver's URL (default http://127.0.0.1:8000)"
+    )
+    regrade_p.add_argument("--iterations", default=":", help="START:STOP, STOP excluded (default: every table kept)")
+    regrade_p.add_argument("--stage", metavar="NAME", help="only the iterations this curriculum stage served")
+    regrade_p.add_argument(
+        "--grader", metavar="KEY", help="only this grader, its score the reward (default: every grader of a source)"
+    )
+    regrade_p.add_argument("--workers", type=_count, help="grader processes (default: one per core)")
+    regrade_p.add_argument("--rows-per-dispatch", type=_count, default=256, help="rows claimed at a time (default 256)")
+    regrade_p.add_argument("--api-key", help="the server's API key (default: env PROCTOR_API_KEY)")
+    regrade_p.set_defaults(run=_regrade)
 
     # The trainer side needs the `train` extra (torch, TRL); it is imported only when asked for, and
     # parses its own options (main() hands them over before this parser sees them).
