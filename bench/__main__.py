@@ -1,7 +1,8 @@
 """``python -m bench [NAME [FLAG ...] ...]``: the benchmarks, one after the other, each printing its table.
 
 Names: math_grader, server_load, rollout_path, replicas, event_loop, memory_soak, experience_throughput, grading_roles,
-curriculum_sim, learning_run, curriculum_run, trainer_overhead, batching, grpo_step (default: all).
+peer_protocols, regrade, curriculum_sim, learning_run, curriculum_run, trainer_overhead, batching, grpo_step (default:
+all).
 The flags after a name, up to the next name, are that benchmark's own (``python -m bench memory_soak --quick
 server_load --no-baseline``). Run with the others (no name given), memory_soak soaks at a smaller size (see
 bench/memory_soak.py).
@@ -20,6 +21,7 @@ from bench import (
     math_grader,
     memory_soak,
     peer_protocols,
+    regrade,
     replicas,
     rollout_path,
     server_load,
@@ -35,6 +37,7 @@ NAMES = (
     "experience_throughput",
     "grading_roles",
     "peer_protocols",
+    "regrade",
     "curriculum_sim",
     "learning_run",
     "curriculum_run",
@@ -81,6 +84,8 @@ def main(args: Sequence[str]) -> None:
         grading_roles.main(flags_after("grading_roles", args))
     if not only or "peer_protocols" in only:
         peer_protocols.main(flags_after("peer_protocols", args))
+    if not only or "regrade" in only:
+        regrade.main(flags_after("regrade", args))
     if not only or "curriculum_sim" in only:
         curriculum_sim.main(flags_after("curriculum_sim", args))
     # Imported when run: these need the `train` extra (torch, TRL), the server benchmarks do not.

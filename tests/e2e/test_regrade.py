@@ -115,6 +115,12 @@ def test_a_regrade_writes_beside_the_old_scores_and_counts_changed_verdicts(serv
     assert f"reward.{grader_version(graders)}" in out_whole
     assert all(changed == 0 and failed == 0 for _, changed, failed in table(out_whole).values())
     assert sum(rows for rows, _, _ in table(out_whole).values()) == PROMPTS * GROUP  # iteration 1 only
+    # A stage names the steps it served; one the curriculum does not have is refused, naming its stages.
+    staged = regrade(server.url, "--stage", "only", "--grader", "nap")
+    assert table(staged.communicate(timeout=120)[0]) == counts
+    wrong = regrade(server.url, "--stage", "later")
+    out_wrong, _ = wrong.communicate(timeout=120)
+    assert wrong.returncode == 2 and "--stage 'later': the curriculum's stages are: only" in out_wrong
 
 
 def test_a_regrade_killed_in_its_middle_goes_on_where_it_stopped(served: Any) -> None:
