@@ -1,10 +1,11 @@
 """``proctor regrade``'s rate over stored completions, beside ``/grade``'s on the same completions, in one run.
 
 A real dataserver process (the load curriculum: 5,000 arithmetic rows graded by ``math``) first grades
-``--completions`` completions through ``/grade`` (1,024 a request, named by sample id, each distinct, every
-fourth one right): that is the baseline, completions graded and stored per second. Then a regrade of all of
-them runs here, as ``proctor regrade`` runs (its own grader processes, the store's rows leased to it, 256 at a
-time), and every verdict is compared: completions regraded per second, and how many changed (none should).
+``--completions`` completions through ``/grade`` (1,024 a request, one step's prompts, each completion in its
+prompt's slot, every fourth one right): that is the baseline, completions graded and stored per second. Then a
+regrade of all of them runs here, as ``proctor regrade`` runs (its own grader processes, the store's rows leased
+to it, 256 at a time), and every verdict is compared: completions regraded per second, and how many changed
+(none should).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from proctor.server.regrade import Regrade, verdict_changes
 __all__ = ["main"]
 
 PER_REQUEST = 1024
-SAMPLE_BATCH = 1024
 
 
 def run(completions: int) -> dict[str, Any]:
@@ -47,17 +47,24 @@ def run(completions: int) -> dict[str, Any]:
             version = next(s["version"] for s in httpx.get(server.url + "/meta").json()["sources"])
             answers = {f"rows:{version}:{n}": r["answer"] for n, r in enumerate(rows)}
             with ProctorClient(server.url, timeout=300) as client:
-                served = [s.sample_id for s in client.sample(0, SAMPLE_BATCH).samples]
+                # A step a request, each completion in a slot of its own: the steps' tables hold them.
+                steps = [
+                    client.sample(i, PER_REQUEST).samples for i in range((completions + PER_REQUEST - 1) // PER_REQUEST)
+                ]
                 started = time.perf_counter()
                 with httpx.Client(base_url=server.url, timeout=300) as http:
-                    for n in range(0, completions, PER_REQUEST):
-                        items = []
-                        for k in range(min(PER_REQUEST, completions - n)):
-                            sid = served[(n + k) % len(served)]
-                            items.append(
-                                {"sample_id": sid, "completion": completion(answers[sid], n // PER_REQUEST, k, False)}
-                            )
-                        http.post("/grade", json={"iteration": 0, "items": items}).raise_for_status()
+                    for i, samples in enumerate(steps):
+                        items = [
+                            {
+                                "sample_id": s.sample_id,
+                                "slot": s.slot,
+                                "completion": completion(answers[s.sample_id], i, k, False),
+                            }
+                            for k, s in enumerate(samples[: completions - i * PER_REQUEST])
+                        ]
+                        answer = http.post("/grade", json={"iteration": i, "items": items})
+                        if answer.status_code != 200:
+                            raise RuntimeError(f"/grade answered {answer.status_code}: {answer.text[:300]}")
                 graded_s = time.perf_counter() - started
                 regraded, regrade_s, changes = asyncio.run(_regrade(client))
     changed = sum(c for _, c, _ in changes.values())
