@@ -145,3 +145,22 @@ def test_a_regrade_killed_in_its_middle_goes_on_where_it_stopped(served: Any) ->
     total = sum(rows for rows, _, _ in counts.values())
     assert total == 2 * PROMPTS * GROUP  # every graded completion once
     assert 0 < regraded < total and total - regraded >= done_before  # it went on from where the first stopped
+
+
+def test_the_regrade_pages_commands_run_as_written(server_process: Callable[..., Any], tmp_path: Path) -> None:
+    """Each line of docs/regrade.md's first example, against a server of the shipped arithmetic curriculum with
+    graded completions."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "regrade.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", page, flags=re.DOTALL)
+    assert block is not None
+    lines = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines() if line.strip()]
+    server = server_process(["arithmetic", "--database-url", str(tmp_path / "state.db"), "--grader-workers", "1"])
+    with ProctorClient(server.url) as client:
+        samples = client.sample(0, 4).samples
+        items = [{"sample_id": s.sample_id, "slot": s.slot, "completion": str(k)} for s in samples for k in range(2)]
+        httpx.post(server.url + "/grade", json={"iteration": 0, "items": items}, timeout=60).raise_for_status()
+    env = {**os.environ, "PROCTOR_URL": server.url, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    for line in lines:
+        run = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, (line, run.stdout, run.stderr)
+        assert sum(rows for rows, _, _ in table(run.stdout).values()) == len(items), (line, run.stdout)
