@@ -311,6 +311,7 @@ class RemoteReward:
         completion_index: Sequence[int] | None,
         iteration: Sequence[int] | None,
         log_metric: Callable[[str, float], None] | None = None,
+        **_: Any,
     ) -> list[_Grade]:
         """Each completion's ``(reward, score by grader, error)``. A repeated call with the same rows (the
         components' reward functions, one after another) reuses the first call's grades."""
@@ -405,23 +406,10 @@ class GraderReward:
         prompts: Sequence[Any],
         completions: Sequence[Any],
         completion_ids: Sequence[Sequence[int]] | None = None,
-        *,
-        sample_id: Sequence[str] | None = None,
-        slot: Sequence[int] | None = None,
-        completion_index: Sequence[int] | None = None,
-        iteration: Sequence[int] | None = None,
-        log_metric: Callable[[str, float], None] | None = None,
-        **_: Any,
+        **columns: Any,
     ) -> list[float | None]:
-        grades = self.shared.grades(
-            completions,
-            completion_ids,
-            sample_id=sample_id,
-            slot=slot,
-            completion_index=completion_index,
-            iteration=iteration,
-            log_metric=log_metric,
-        )
+        """TRL's call, as :class:`RemoteReward`'s (the same columns); this grader's score of each completion."""
+        grades = self.shared.grades(completions, completion_ids, **columns)
         return [None if error is not None else scores.get(self.grader) for _, scores, error in grades]
 
     def __repr__(self) -> str:
