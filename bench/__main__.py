@@ -1,8 +1,8 @@
 """``python -m bench [NAME [FLAG ...] ...]``: the benchmarks, one after the other, each printing its table.
 
 Names: math_grader, server_load, rollout_path, replicas, event_loop, memory_soak, experience_throughput, grading_roles,
-peer_protocols, regrade, curriculum_sim, learning_run, curriculum_run, trainer_overhead, batching, grpo_step (default:
-all).
+peer_protocols, regrade, curriculum_sim, learning_run, curriculum_run, trainer_overhead, batching, grpo_step, judge,
+sandbox (default: all).
 The flags after a name, up to the next name, are that benchmark's own (``python -m bench memory_soak --quick
 server_load --no-baseline``). Run with the others (no name given), memory_soak soaks at a smaller size (see
 bench/memory_soak.py).
@@ -44,6 +44,8 @@ NAMES = (
     "trainer_overhead",
     "batching",
     "grpo_step",
+    "judge",
+    "sandbox",
 )
 # Their main() reads no command line, so a flag after one of these names would be silently dropped.
 FLAGLESS = ("math_grader", "event_loop", "trainer_overhead", "batching")
@@ -110,6 +112,14 @@ def main(args: Sequence[str]) -> None:
 
         sys.argv = [sys.argv[0], *flags_after("grpo_step", args)]  # grpo_step parses sys.argv itself
         grpo_step.main()
+    if not only or "judge" in only:
+        from bench import judge  # transformers serve: the `train` extra, and openai (the dev extra)
+
+        judge.main(flags_after("judge", args))
+    if not only or "sandbox" in only:
+        from bench import sandbox
+
+        sandbox.main(flags_after("sandbox", args))
 
 
 if __name__ == "__main__":

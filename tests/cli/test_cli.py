@@ -70,8 +70,8 @@ def test_validate_reports_every_problem_at_once(tmp_path: Path, capsys: pytest.C
             # ... and the sources that parsed, against their data and graders.
             f"  sources.words.path: cannot read {tmp_path / 'missing.jsonl'}: No such file or directory",
             "  sources.words.graders[0].name: unknown grader 'nope'; use a built-in one or declare it under "
-            "`graders` (exact_match, json_schema, json_valid, length_cap, math, numeric, reasoning_gym, regex, "
-            "think_format)",
+            "`graders` (code, exact_match, json_schema, json_valid, length_cap, math, numeric, reasoning_core, "
+            "reasoning_gym, regex, think_format)",
         ]
     )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from proctor.server.curriculum.loader import Curriculum, load_curriculum
-from proctor.server.grading.base import GradeInput
+from proctor.server.grading.base import GradeInput, Verdict
 from proctor.server.grading.compose import weighted_reward
 from proctor.server.grading.registry import SourceGraders, load_callable
 from proctor.server.shipped import builtin_curricula, builtin_path
@@ -69,8 +69,8 @@ def test_every_source_is_served_by_some_stage(name: str) -> None:
 def reward(graders: SourceGraders, record: Record, completion: str) -> float:
     """What grading ``completion`` against ``record`` gives, calling the source's local graders directly."""
     sample = GradeInput(prompt=record.prompt, completion=completion, answer=record.answer, metadata=record.metadata)
-    scores = {g.key: load_callable(g.ref)(sample, **g.params) for g in graders.local}
-    return weighted_reward(graders, scores)
+    results = {g.key: load_callable(g.ref)(sample, **g.params) for g in graders.local}
+    return weighted_reward(graders, {k: r.score if isinstance(r, Verdict) else r for k, r in results.items()})
 
 
 def _graded_sources() -> list[tuple[str, str]]:
@@ -96,7 +96,13 @@ def answered(graders: SourceGraders, answer: str) -> str:
     return f"<think>reasoning</think>{answer}"
 
 
+def runs_code(graders: SourceGraders) -> bool:
+    return any(g.ref == "builtin:code" for g in graders.local)
+
+
 def wrong_answer(src: Source, graders: SourceGraders, record: Record) -> str:
+    if runs_code(graders):
+        return "```python\nprint('no')\n```"  # defines nothing the tests call, prints what no test expects
     if not reads_answer_tags(graders):
         return f"{record.answer}1"
     assert src.size is not None, "reasoning-gym sources are finite"

@@ -230,6 +230,22 @@ def test_a_version_3_state_gains_the_refills_table(state: str) -> None:
     again.close()
 
 
+def test_a_version_4_state_gains_the_graders_details(state: str) -> None:
+    store = open_store(state)
+    before = GradeRow((0, "add:0123456789:0", 0, 0, "sha"), 0, "add", 1.0, {"numeric": 1.0}, None)
+    store.insert_grades([before])
+    store.connection.execute("ALTER TABLE grades DROP COLUMN details")
+    store.connection.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    store.close()
+    again = open_store(state)
+    assert again.find_grades([before.key])[before.key].details == {}  # version 4 kept none
+    detail = {"code": {"tests": ["pass", "timeout"], "failure": None}}
+    row = GradeRow((0, "add:0123456789:1", 1, 0, "sha"), 0, "add", 0.5, {"code": 0.5}, None, detail)
+    again.insert_grades([row])
+    assert again.find_grades([row.key])[row.key] == row
+    again.close()
+
+
 def test_a_grade_is_keyed_by_its_slot(state: str) -> None:
     store = open_store(state)
     one = grade_row(1)  # no slot

@@ -15,6 +15,7 @@ import signal
 from dataclasses import dataclass
 
 import httpx
+from pydantic import SecretStr
 
 from proctor.client.errors import NotReadyError, ServerFailure, TransportError
 from proctor.client.experience import ExperienceClient
@@ -40,12 +41,15 @@ class GradeWorkerOptions:
     lease_s: float = 30.0
     connect_timeout_s: float = 60.0
     exit_when_idle_s: float | None = None
+    judge_api_key: SecretStr | None = None  # the curriculum's LLM judges' (GET /graders never sends it)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GradeWorkerOptions:
+        judge_key = os.environ.get("PROCTOR_JUDGE_API_KEY")
         return cls(
             server=args.server,
             api_key=args.api_key or os.environ.get("PROCTOR_API_KEY"),
+            judge_api_key=SecretStr(judge_key) if judge_key else None,
             processes=args.workers,
             rows_per_dispatch=args.rows_per_dispatch,
             lease_s=args.lease_s,
@@ -94,6 +98,8 @@ async def grade(options: GradeWorkerOptions, stop: asyncio.Event) -> WorkerStats
         pool = GraderPool(processes)
         await pool.start()
         log.info("grading for %s with %d grader processes", options.server, processes)
+        if options.judge_api_key is None and any(s.judges for s in spec.sources.values()):
+            log.info("the curriculum's judges are called without an API key: PROCTOR_JUDGE_API_KEY is not set here")
         try:
             async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False) as http:
                 worker = GradeWorker(
@@ -105,6 +111,7 @@ async def grade(options: GradeWorkerOptions, stop: asyncio.Event) -> WorkerStats
                     rows_per_dispatch=options.rows_per_dispatch,
                     lease_s=options.lease_s,
                     transient=(TransportError, NotReadyError, ServerFailure),
+                    judge_api_key=options.judge_api_key,
                 )
                 stats = await worker.run(stop, idle_exit_s=options.exit_when_idle_s)
         finally:

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 
 import httpx
+from pydantic import SecretStr
 
 from proctor.cli.export import iteration_range
 from proctor.client.errors import DataserverError
@@ -67,8 +68,15 @@ async def _regrade(args: argparse.Namespace, client: ProctorClient, iterations: 
     await pool.start()
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False) as http:
+            judge_key = os.environ.get("PROCTOR_JUDGE_API_KEY")
             run = Regrade(
-                experience, graders, pool, http, timeout_s=spec.timeout_s, rows_per_dispatch=args.rows_per_dispatch
+                experience,
+                graders,
+                pool,
+                http,
+                timeout_s=spec.timeout_s,
+                rows_per_dispatch=args.rows_per_dispatch,
+                judge_api_key=SecretStr(judge_key) if judge_key else None,
             )
             print(f"regrading {len(tables)} tables into {run.consumer.produces[0]} and {run.consumer.produces[1]}")
             stats = await run.run(tables)

@@ -30,7 +30,7 @@ from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
 from proctor.experience import CellConflictError, CellsMissingError, RowKey, UnknownIterationError
 from proctor.experience import columns as col
-from proctor.wire.dataserver import GradeItem, LocalGraderSpec, RemoteGraderSpec
+from proctor.wire.dataserver import GradeItem, JudgeGraderSpec, LocalGraderSpec, RemoteGraderSpec
 
 if TYPE_CHECKING:
     from proctor.client.dataset import RemoteRLDataset
@@ -294,7 +294,11 @@ class RemoteReward:
             )
         weights: dict[str, set[float | None]] = {}
         for spec in self.client.graders().sources.values():
-            every: list[LocalGraderSpec | RemoteGraderSpec] = [*spec.local, *spec.remote]
+            every: list[LocalGraderSpec | RemoteGraderSpec | JudgeGraderSpec] = [
+                *spec.local,
+                *spec.remote,
+                *spec.judges,
+            ]
             total = sum(g.weight for g in every if not g.multiplicative)
             for g in every:
                 share = None if g.multiplicative or total <= 0 else g.weight / total

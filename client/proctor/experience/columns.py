@@ -28,6 +28,7 @@ __all__ = [
     "STEP_SLOT",
     "loose_table",
     "parse_reward_detail",
+    "parse_reward_details",
     "reward_detail",
 ]
 
@@ -64,7 +65,8 @@ COMPLETION_IDS = "completion_ids"
 REWARD = "reward"
 """The completion's reward (the source's ``on_error`` reward when a grader failed)."""
 REWARD_DETAIL = "reward_detail"
-"""``{"components": {grader: score}, "error": str | None}``."""
+"""``{"components": {grader: score}, "error": str | None}``, and ``"details": {grader: {...}}`` from graders
+that say what led to their score."""
 
 GRADER = Consumer(
     "grader",
@@ -81,9 +83,20 @@ def loose_table(step: int) -> int:
     return -step - 1
 
 
-def reward_detail(components: Mapping[str, float], error: str | None) -> dict[str, Any]:
+def reward_detail(
+    components: Mapping[str, float], error: str | None, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``reward_detail`` cell of a grade."""
-    return {"components": dict(components), "error": error}
+    cell: dict[str, Any] = {"components": dict(components), "error": error}
+    if details:
+        cell["details"] = dict(details)
+    return cell
+
+
+def parse_reward_details(value: Any) -> dict[str, Any]:
+    """The graders' ``details`` from a ``reward_detail`` cell (empty for anything else)."""
+    details = value.get("details") if isinstance(value, dict) else None
+    return {str(k): v for k, v in details.items()} if isinstance(details, dict) else {}
 
 
 def parse_reward_detail(value: Any) -> tuple[dict[str, float], str | None]:

@@ -33,6 +33,7 @@ __all__ = [
     "GroupStats",
     "Health",
     "IterationPoint",
+    "JudgeGraderSpec",
     "LocalGraderSpec",
     "Meta",
     "MixPoint",
@@ -262,6 +263,11 @@ class GradeResult(_Wire):
     reward: float
     components: dict[str, float] = Field(default_factory=dict)
     error: str | None = None
+    details: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="What led to a grader's score, by grader key, from the graders that say (the `code` grader: "
+        "each test's verdict and why the run failed).",
+    )
     cached: bool = Field(default=False, description="True when this exact completion was graded before.")
     table: int | None = Field(
         default=None,
@@ -296,11 +302,33 @@ class RemoteGraderSpec(_Wire):
     multiplicative: bool
 
 
+class JudgeGraderSpec(_Wire):
+    """An LLM judge behind an OpenAI-compatible endpoint, as a source uses it; its API key is never sent: a
+    grade-worker uses its own PROCTOR_JUDGE_API_KEY."""
+
+    key: str
+    name: str = Field(description="The judge's name under the curriculum's `graders`; its users share its cap.")
+    url: str
+    model: str
+    rubric: str
+    score_pattern: str
+    scale: tuple[float, float]
+    max_concurrency: int
+    timeout_s: float
+    deadline_s: float
+    retries: int
+    max_tokens: int
+    temperature: float
+    weight: float
+    multiplicative: bool
+
+
 class SourceGradersSpec(_Wire):
     local: list[LocalGraderSpec]
     remote: list[RemoteGraderSpec]
     on_error: float
     names: list[str] = Field(description="Every grader's key, in the curriculum's order.")
+    judges: list[JudgeGraderSpec] = Field(default_factory=list, description="The source's LLM judges.")
 
 
 class Graders(_Wire):

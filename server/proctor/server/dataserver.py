@@ -65,7 +65,8 @@ class Dataserver:
         self.rollouts = Rollouts(ctx, experience, self.sampling, ledger)
         self.refills = RefillService(ctx, self.rollouts)
         timeout_s = ctx.settings.grader_timeout_s
-        fanout = GraderFanout(pool, http, ctx.metrics, timeout_s) if pool is not None else None
+        judge_key = ctx.settings.judge_api_key
+        fanout = GraderFanout(pool, http, ctx.metrics, timeout_s, judge_api_key=judge_key) if pool is not None else None
         self.grading = GradingService(ctx, fanout, self.rollouts)
         self.scoring = ScoringService(ctx, self.grading, fanout)
         # Without local grader processes the role is left to remote grade-workers.

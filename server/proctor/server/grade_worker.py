@@ -17,13 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
+from pydantic import SecretStr
 
 from proctor.experience import LeaseError
 from proctor.experience import columns as col
 from proctor.experience.loop import ExperienceLike
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.pool import GraderPool
-from proctor.server.grading.registry import LocalGrader, RemoteGrader, SourceGraders
+from proctor.server.grading.registry import JudgeGrader, LocalGrader, RemoteGrader, SourceGraders
 from proctor.server.metrics import Metrics
 from proctor.server.services.grade_rows import grade_rows
 from proctor.server.services.grader_role import LEASE_S, ROWS_PER_DISPATCH, renewing
@@ -58,6 +59,7 @@ def source_graders(spec: wire.Graders) -> dict[str, SourceGraders]:
             ),
             on_error=s.on_error,
             names=tuple(s.names),
+            judges=tuple(JudgeGrader(**g.model_dump()) for g in s.judges),
         )
         for name, s in spec.sources.items()
     }
@@ -88,10 +90,11 @@ class GradeWorker:
         rows_per_dispatch: int = ROWS_PER_DISPATCH,
         lease_s: float = LEASE_S,
         transient: tuple[type[BaseException], ...] = (),
+        judge_api_key: SecretStr | None = None,
     ) -> None:
         self.experience = experience
         self.graders = graders
-        self.fanout = GraderFanout(pool, http, Metrics(), timeout_s)
+        self.fanout = GraderFanout(pool, http, Metrics(), timeout_s, judge_api_key=judge_api_key)
         self.rows_per_dispatch = rows_per_dispatch
         self.lease_s = lease_s
         self.transient = transient

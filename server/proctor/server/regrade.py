@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import httpx
+from pydantic import SecretStr
 
 from proctor.experience import Consumer, LeaseError, RowKey, TableInfo, Value
 from proctor.experience import columns as col
@@ -73,7 +74,14 @@ class RegradeStore(Protocol):
 def grader_version(graders: Mapping[str, SourceGraders]) -> str:
     """A digest of every source's graders (their references, parameters, weights, remote URLs, ``on_error``):
     what a score depends on besides the completion and its record."""
-    return content_version({name: dataclasses.asdict(g) for name, g in sorted(graders.items())})
+    return content_version({name: _digested(g) for name, g in sorted(graders.items())})
+
+
+def _digested(graders: SourceGraders) -> dict[str, Any]:
+    fields = dataclasses.asdict(graders)
+    if not fields["judges"]:
+        del fields["judges"]  # graders without a judge keep the version they had before judges were
+    return fields
 
 
 def only_grader(graders: Mapping[str, SourceGraders], key: str) -> dict[str, SourceGraders]:
@@ -82,8 +90,9 @@ def only_grader(graders: Mapping[str, SourceGraders], key: str) -> dict[str, Sou
     for name, g in graders.items():
         local = tuple(dataclasses.replace(x, weight=1.0, multiplicative=False) for x in g.local if x.key == key)
         remote = tuple(dataclasses.replace(x, weight=1.0, multiplicative=False) for x in g.remote if x.key == key)
-        if local or remote:
-            out[name] = SourceGraders(local=local, remote=remote, on_error=g.on_error, names=(key,))
+        judges = tuple(dataclasses.replace(x, weight=1.0, multiplicative=False) for x in g.judges if x.key == key)
+        if local or remote or judges:
+            out[name] = SourceGraders(local=local, remote=remote, on_error=g.on_error, names=(key,), judges=judges)
     if not out:
         known = sorted({k for g in graders.values() for k in g.names})
         raise ValueError(f"no source of the curriculum uses grader {key!r}; its graders are: {', '.join(known)}")
@@ -120,12 +129,13 @@ class Regrade:
         timeout_s: float,
         rows_per_dispatch: int = ROWS_PER_DISPATCH,
         lease_s: float = LEASE_S,
+        judge_api_key: SecretStr | None = None,
     ) -> None:
         self.experience = experience
         self.graders = graders
         self.version = grader_version(graders)
         self.consumer = regrade_consumer(self.version)
-        self.fanout = GraderFanout(pool, http, Metrics(), timeout_s)
+        self.fanout = GraderFanout(pool, http, Metrics(), timeout_s, judge_api_key=judge_api_key)
         self.rows_per_dispatch = rows_per_dispatch
         self.lease_s = lease_s
         self.stats = RegradeStats()

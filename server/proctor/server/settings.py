@@ -113,6 +113,11 @@ class Settings(BaseSettings):
         description="How long /grade waits for a grader (a `proctor grade-worker`, with PROCTOR_GRADER_WORKERS=0) "
         "to claim its completions before it answers 503.",
     )
+    judge_api_key: SecretStr | None = Field(
+        default=None,
+        description="Sent to the curriculum's judge graders as `Authorization: Bearer <key>`; never logged, never "
+        "shown by GET /graders (a `proctor grade-worker` reads its own PROCTOR_JUDGE_API_KEY).",
+    )
     experience_keep_iterations: int = Field(
         default=8,
         ge=1,

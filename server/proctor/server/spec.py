@@ -28,7 +28,9 @@ happen in :mod:`proctor.server.curriculum.loader`, which reports them the same w
 
 from __future__ import annotations
 
+import math
 import re
+import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
@@ -47,6 +49,8 @@ __all__ = [
     "FixedMixingSpec",
     "GraderUse",
     "ItemStatisticsSpec",
+    "JudgeParams",
+    "JudgeSpec",
     "LearnabilityParams",
     "LearnabilitySamplerSpec",
     "LearningProgressMixingSpec",
@@ -54,6 +58,7 @@ __all__ = [
     "MeanRewardOutsideRefillSpec",
     "MixEntry",
     "MixingSpec",
+    "ReasoningCoreSourceSpec",
     "ReasoningGymSourceSpec",
     "RefillSpec",
     "SamplerSpec",
@@ -68,6 +73,7 @@ __all__ = [
     "UniformSamplerSpec",
     "ZeroVarianceRefillSpec",
     "format_loc",
+    "judge_rubric_problem",
     "parse_spec",
     "read_spec",
     "stage_sources",
@@ -78,7 +84,7 @@ T = TypeVar("T")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _NAME = re.compile(NAME_PATTERN)
 _FILE_KINDS = {".jsonl": "jsonl", ".parquet": "parquet", ".csv": "csv"}
-_UNION_TAGS = {"arithmetic", "reasoning_gym", *_FILE_KINDS.values()}
+_UNION_TAGS = {"arithmetic", "reasoning_gym", "reasoning_core", *_FILE_KINDS.values()}
 _SAMPLER_TAGS = {"uniform", "learnability", "skip_zero_variance", "target_difficulty"}
 _MIXING_TAGS = {"fixed", "learning_progress"}
 _REFILL_TAGS = {"zero_variance", "mean_reward_outside"}
@@ -246,24 +252,158 @@ class ReasoningGymSourceSpec(_SourceBase):
     size: int = Field(default=1000, ge=1, le=1_000_000, description="Records generated (keys 0..size-1).")
 
 
-SourceSpec = Annotated[ArithmeticSourceSpec | FileSourceSpec | ReasoningGymSourceSpec, Field(discriminator="kind")]
+class ReasoningCoreSourceSpec(_SourceBase):
+    """A reasoning-core task (the optional ``reasoning-core`` extra): ``size`` records generated from the
+    curriculum's seed at the task's difficulty ``level``, which is also the source's difficulty."""
+
+    kind: Literal["reasoning_core"]
+    task: str = Field(pattern=r"^[a-z0-9_]+$", description="A reasoning-core task name, e.g. arithmetics.")
+    level: int = Field(default=0, ge=0, le=5, description="The task's difficulty level, 0 (easiest) to 5.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="The task's config knobs besides the level (the level builds on them)."
+    )
+    size: int = Field(default=1000, ge=1, le=1_000_000, description="Records generated (keys 0..size-1).")
+
+
+SourceSpec = Annotated[
+    ArithmeticSourceSpec | FileSourceSpec | ReasoningGymSourceSpec | ReasoningCoreSourceSpec,
+    Field(discriminator="kind"),
+]
+
+
+# What a judge's rubric may name; {response} is the completion after a leading <think>…</think> block.
+JUDGE_PLACEHOLDERS = ("prompt", "completion", "response", "answer")
+DEFAULT_JUDGE_RUBRIC = """You are grading a response to a task.
+
+[Task]
+{prompt}
+
+[Response]
+{response}
+
+Rate how well the response accomplishes the task, from 0 (wrong or useless) to 10 (fully correct and helpful). \
+Explain your rating in a few sentences, then end with a line of the form "Score: N"."""
+# "Score: 7", "score = 7.5", "**Score:** 7" or "[[7]]"; the last match in the judge's answer is its score.
+DEFAULT_JUDGE_SCORE_PATTERN = r"(?i)(?:\bscore\b[\s*_]{0,4}[:=][\s*_]{0,4}|\[\[\s*)(-?\d+(?:\.\d+)?)"
+
+
+def judge_rubric_problem(template: str) -> str | None:
+    """Why ``template`` cannot be a judge's rubric (an unknown placeholder, say), or None when it can."""
+    allowed = ", ".join("{" + p + "}" for p in JUDGE_PLACEHOLDERS)
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        return f"not a valid template ({exc}); write {{{{ and }}}} for a literal brace"
+    for name, spec, conversion in fields:
+        if name not in JUDGE_PLACEHOLDERS or spec or conversion:
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            return f"unknown placeholder {shown}; a rubric may name {allowed} (write {{{{ and }}}} for a literal brace)"
+    if not {"completion", "response"} & {name for name, _, _ in fields}:
+        return "names neither {completion} nor {response}: the judge would never see the completion"
+    return None
+
+
+def _rubric(template: str | None) -> str | None:
+    if template is not None and (problem := judge_rubric_problem(template)) is not None:
+        raise ValueError(problem)
+    return template
+
+
+def _score_pattern(pattern: str | None) -> str | None:
+    if pattern is None:
+        return None
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from None
+    if compiled.groups != 1:
+        raise ValueError(f"must have exactly one group, the score; it has {compiled.groups}")
+    return pattern
+
+
+def _scale(scale: tuple[float, float] | None) -> tuple[float, float] | None:
+    if scale is not None and not (math.isfinite(scale[0]) and math.isfinite(scale[1]) and scale[0] < scale[1]):
+        raise ValueError(f"must be [min, max] with min < max, got {list(scale)}")
+    return scale
+
+
+class JudgeSpec(_Spec):
+    """An LLM judge behind any OpenAI-compatible endpoint: each completion is one ``POST {url}/chat/completions``
+    whose single user message is the rubric filled in; the score is read from the answer and scaled to 0..1."""
+
+    url: str = Field(
+        pattern=r"^https?://[^\s]+$",
+        description="The endpoint's base URL, e.g. http://vllm:8000/v1; the request goes to {url}/chat/completions.",
+    )
+    model: str = Field(min_length=1, description="The model the endpoint serves, as its API names it.")
+    rubric: str = Field(
+        default=DEFAULT_JUDGE_RUBRIC,
+        description="The judge's prompt, with {prompt}, {completion}, {response} (the completion after a leading "
+        "<think>…</think> block) and {answer} (the record's reference answer) filled in.",
+    )
+    score_pattern: str = Field(
+        default=DEFAULT_JUDGE_SCORE_PATTERN,
+        description="A regular expression with one group, the score; its last match in the answer counts.",
+    )
+    scale: tuple[float, float] = Field(default=(0.0, 10.0), description="[min, max] of the judge's scores; → 0..1.")
+    max_concurrency: int = Field(
+        default=8, ge=1, le=256, description="Most requests in flight to this judge, over every /grade at once."
+    )
+    timeout_s: float = Field(default=60.0, gt=0, le=3600, description="Time limit of one request to the judge.")
+    deadline_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="Longest a completion waits for its verdict, waits for a free slot and retries included.",
+    )
+    retries: int = Field(default=3, ge=0, le=10, description="Tries again after a 429, a 5xx or a connection error.")
+    max_tokens: int = Field(default=512, ge=1, le=1_000_000, description="The judge's longest answer, in tokens.")
+    temperature: float = Field(default=0.0, ge=0, le=2)
+
+    _check_rubric = field_validator("rubric")(_rubric)
+    _check_pattern = field_validator("score_pattern")(_score_pattern)
+    _check_scale = field_validator("scale")(_scale)
+
+    @model_validator(mode="after")
+    def _deadline_fits(self) -> JudgeSpec:
+        if self.deadline_s < self.timeout_s:
+            raise ValueError(f"deadline_s ({self.deadline_s:g}) is below timeout_s ({self.timeout_s:g})")
+        return self
+
+
+class JudgeParams(_Spec):
+    """What a source's use of a judge may set for itself (``params:``): its own rubric, pattern and scale."""
+
+    rubric: str | None = None
+    score_pattern: str | None = None
+    scale: tuple[float, float] | None = None
+
+    _check_rubric = field_validator("rubric")(_rubric)
+    _check_pattern = field_validator("score_pattern")(_score_pattern)
+    _check_scale = field_validator("scale")(_scale)
 
 
 class CustomGraderSpec(_Spec):
     """A custom grader: a Python function (``python: module:attr`` or ``python: path/to/file.py:attr``,
-    relative to the curriculum) that runs in the grader pool, or a remote HTTP grader (``url``) that gets
-    one POST per /grade request with every item it applies to."""
+    relative to the curriculum) that runs in the grader pool, a remote HTTP grader (``url``) that gets
+    one POST per /grade request with every item it applies to, or an LLM judge (``judge``) that gets one chat
+    completion request per completion."""
 
     python: str | None = Field(default=None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
     params: dict[str, Any] = Field(default_factory=dict, description="Default keyword arguments.")
     url: str | None = Field(default=None, pattern=r"^https?://")
     timeout_s: float = Field(default=30.0, gt=0, description="Remote graders: seconds per request.")
     headers: dict[str, str] = Field(default_factory=dict, description="Remote graders: extra headers.")
+    judge: JudgeSpec | None = Field(default=None, description="An LLM judge behind an OpenAI-compatible endpoint.")
 
     @model_validator(mode="after")
     def _one_kind(self) -> CustomGraderSpec:
-        if (self.python is None) == (self.url is None):
-            raise ValueError("give exactly one of `python: module:attr` or `url: http://…`")
+        if sum(kind is not None for kind in (self.python, self.url, self.judge)) != 1:
+            raise ValueError("give exactly one of `python: module:attr`, `url: http://…` or `judge: {url, model, …}`")
+        if self.judge is not None and (stray := sorted({"params", "timeout_s", "headers"} & self.model_fields_set)):
+            raise ValueError(
+                f"a judge takes its settings inside `judge:`, not {', '.join(f'`{f}`' for f in stray)} beside it"
+            )
         return self
 
 

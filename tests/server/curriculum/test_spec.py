@@ -62,7 +62,7 @@ def _rename_source(doc: Doc, old: str, new: str) -> None:
 
 
 _NAME_MSG = f"String should match pattern '{NAME_PATTERN}'"
-_ONE_KIND = "give exactly one of `python: module:attr` or `url: http://…`"
+_ONE_KIND = "give exactly one of `python: module:attr`, `url: http://…` or `judge: {url, model, …}`"
 
 # (id, the broken document, the exact (yaml path, message) problems expected)
 BAD_CASES: list[tuple[str, Doc, list[tuple[str, str]]]] = [
@@ -282,7 +282,7 @@ BAD_CASES: list[tuple[str, Doc, list[tuple[str, str]]]] = [
             (
                 "sources.add",
                 "Input tag 'sql' found using 'kind' does not match any of the expected tags: "
-                "'arithmetic', 'jsonl', 'parquet', 'csv', 'reasoning_gym'",
+                "'arithmetic', 'jsonl', 'parquet', 'csv', 'reasoning_gym', 'reasoning_core'",
             )
         ],
     ),

@@ -37,6 +37,7 @@ def sample(completion: str, answer: str | None = None, **kw: Any) -> GradeInput:
 
 def test_registry_has_exactly_the_builtin_names() -> None:
     assert set(BUILTIN_GRADERS) == {
+        "code",
         "exact_match",
         "numeric",
         "math",
@@ -46,6 +47,7 @@ def test_registry_has_exactly_the_builtin_names() -> None:
         "json_schema",
         "length_cap",
         "reasoning_gym",
+        "reasoning_core",
     }
 
 

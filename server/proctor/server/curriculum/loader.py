@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from proctor.server.grading.registry import GraderResolutionError, SourceGraders, resolve_graders
+from proctor.server.grading.code import read_tests
+from proctor.server.grading.registry import BUILTIN_PREFIX, GraderResolutionError, SourceGraders, resolve_graders
 from proctor.server.sources.base import Source
 from proctor.server.sources.files import SourceDataError
 from proctor.server.sources.registry import build_source
@@ -95,6 +96,9 @@ def load_curriculum(path: str | Path, *, seed: int | None = None) -> Curriculum:
             )
         except GraderResolutionError as exc:
             problems.append((f"sources.{name}.graders[{exc.index}].{exc.field}", str(exc)))
+            continue
+        if name in sources:
+            problems.extend(_code_problems(name, sources[name], graders[name]))
     spec = parts.spec
     if spec is not None and not problems:
         spec = spec.model_copy(update={"seed": seed})
@@ -125,6 +129,26 @@ def load_curriculum(path: str | Path, *, seed: int | None = None) -> Curriculum:
         graders=graders,
         spec=spec,
     )
+
+
+def _code_problems(name: str, source: Source, graders: SourceGraders) -> list[tuple[str, str]]:
+    """A source graded by ``code`` needs tests in every record: checked here, not at the first completion."""
+    problems = []
+    for grader in graders.local:
+        if grader.ref != BUILTIN_PREFIX + "code":
+            continue
+        field = str(grader.params.get("tests_field", "tests"))
+        where = f"sources.{name}.graders[{graders.names.index(grader.key)}]"
+        if source.size is None:
+            problems.append((where, f"source {name!r} is endless; the code grader needs records with tests"))
+            continue
+        for key in range(source.size):
+            try:
+                read_tests(source.record(key).metadata.get(field))
+            except ValueError as exc:
+                problems.append((where, f"record {key}'s {field!r} {exc}"))
+                break
+    return problems
 
 
 def _difficulty_problems(spec: CurriculumSpec, sources: dict[str, Source]) -> list[tuple[str, str]]:

@@ -1,6 +1,7 @@
 """What a grader sees and how it is called.
 
-A grader is a plain function ``fn(sample: GradeInput, **params) -> float``. Built-in graders live in
+A grader is a plain function ``fn(sample: GradeInput, **params) -> float``, or ``-> Verdict`` when it has more to
+say than a number (the tests a program passed, why it failed). Built-in graders live in
 :mod:`proctor.server.grading.builtin`; custom ones are referenced from a curriculum as ``module:attr`` or
 ``path/to/file.py:attr`` and have the same shape. A grader that cannot score a completion raises: the pool
 turns the exception into an error result with the source's ``on_error`` reward, it never becomes a silent 0.
@@ -13,14 +14,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["GradeInput", "GraderFn", "split_think"]
+__all__ = ["GradeInput", "GraderFn", "Verdict", "split_think"]
 
 _THINK = re.compile(r"^\s*<think>(.*?)</think>", re.DOTALL)
 
 
-# ``fn(sample, **params) -> float``. Callable[..., float] rather than a Protocol: a Protocol with
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A score with what led to it: ``detail`` is a JSON object, answered in ``/grade``'s ``details`` under the
+    grader's key and kept with the grade."""
+
+    score: float
+    detail: Mapping[str, Any]
+
+
+# ``fn(sample, **params) -> float | Verdict``. Callable[..., ...] rather than a Protocol: a Protocol with
 # ``**params: Any`` would reject every grader that names its keyword-only parameters.
-GraderFn = Callable[..., float]
+GraderFn = Callable[..., "float | Verdict"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,13 @@ grader that cannot score at all (bad params, no reference answer, no token count
 saying what to fix.
 
 ``reasoning_gym`` scores the answer inside ``<answer>…</answer>`` with the scorer of the reasoning-gym dataset
-the record came from (the optional ``reasoning-gym`` extra).
+the record came from (the optional ``reasoning-gym`` extra); ``reasoning_core`` likewise, with the scorer of the
+reasoning-core task the record came from (the optional ``reasoning-core`` extra).
 
 ``math`` reads a reference and a response that are both plain numbers (``42``, ``3/4``, ``\\boxed{0.5}``, see
 :mod:`proctor.server.grading.numbers`) with exact arithmetic, and hands everything else to ``math_verify``,
-parsing each reference once per process. ``math_verify``, ``jsonschema`` and ``reasoning_gym`` are imported on
-first use, so importing this module stays cheap.
+parsing each reference once per process. ``math_verify``, ``jsonschema``, ``reasoning_gym`` and ``reasoning_core``
+are imported on first use, so importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from proctor.server.grading.base import GradeInput, GraderFn
+from proctor.server.grading.code import code
 from proctor.server.grading.numbers import plain_number
 
 if TYPE_CHECKING:
@@ -39,15 +41,19 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILTIN_GRADERS",
     "FAST_VERDICTS",
+    "REASONING_CORE_INSTALL",
+    "REASONING_CORE_METADATA",
     "REASONING_GYM_INSTALL",
     "REASONING_GYM_METADATA",
     "exact_match",
+    "import_reasoning_core",
     "import_reasoning_gym",
     "json_schema",
     "json_valid",
     "length_cap",
     "math",
     "numeric",
+    "reasoning_core",
     "reasoning_gym",
     "regex",
     "think_format",
@@ -57,6 +63,9 @@ __all__ = [
 # with the dataset as configured (some scorers read their config) and not with the dataset's defaults.
 REASONING_GYM_METADATA = "reasoning_gym"
 REASONING_GYM_INSTALL = "pip install 'proctor[reasoning-gym]'"
+# Likewise for a reasoning_core source: its task, level and config.
+REASONING_CORE_METADATA = "reasoning_core"
+REASONING_CORE_INSTALL = "pip install 'proctor[reasoning-core]'"
 
 # ASCII only in the look-behind: "x2" is a name, not a number, but "答案是42" must still give 42.
 _UNSIGNED = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?"
@@ -467,6 +476,77 @@ def reasoning_gym(sample: GradeInput, /) -> float:
     return float(scorer(extract_answer(sample.response), entry))
 
 
+def import_reasoning_core(needed_by: str, module: str = "reasoning_core") -> Any:
+    """Import (a module of) reasoning-core, or raise an ImportError that says who needs it and how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{needed_by} needs reasoning-core, which cannot be imported ({exc}): {REASONING_CORE_INSTALL}"
+        ) from None
+
+
+_ANSWER_TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@lru_cache(maxsize=64)
+def _reasoning_core_scorer(task: str) -> ScoreAnswer:
+    """A task's ``score_answer``; reasoning-core's scorers read the entry only, never the task's config."""
+    rc = import_reasoning_core("the reasoning_core grader")
+    if task not in rc.DATASETS and task not in rc.DEV_DATASETS:
+        raise ValueError(
+            f"reasoning_core: the record names the task {task!r}, which this reasoning-core does not have; "
+            "install the reasoning-core version the records were made with"
+        )
+    scorer: ScoreAnswer = rc.get_score_answer_fn(task)
+    return scorer
+
+
+def _reasoning_core_entry(sample: GradeInput) -> tuple[str, Any]:
+    metadata = dict(sample.metadata)
+    scoring = metadata.pop(REASONING_CORE_METADATA, None)
+    task = scoring.get("task") if isinstance(scoring, Mapping) else None
+    if task is None:
+        # A file of reasoning-core rows: the item's metadata as fields, or as one field `metadata` (an object, or the
+        # JSON text reasoning-core's published rows hold). Each item's metadata names its task in `_task`.
+        nested = metadata.get("metadata")
+        if isinstance(nested, str):
+            try:
+                nested = json.loads(nested)
+            except ValueError:
+                nested = None
+        if "_task" not in metadata and isinstance(nested, Mapping):
+            metadata = dict(nested)
+        task = metadata.get("_task")
+    if not isinstance(task, str):
+        raise ValueError(
+            "reasoning_core grades records of reasoning-core tasks, and this record's metadata names none "
+            "(no _task): use it on reasoning_core sources, or on files of reasoning-core rows that keep their metadata"
+        )
+    # Scorers read the entry as reasoning-core's own dispatcher hands a plain row to them: attributes all the way down.
+    edict = import_reasoning_core("the reasoning_core grader", "easydict").EasyDict
+    return task, edict({"prompt": sample.prompt, "answer": sample.answer, "metadata": metadata, "task": task})
+
+
+def reasoning_core(sample: GradeInput, /) -> float:
+    """The record's reasoning-core task's own ``score_answer`` of the text inside the last ``<answer>…</answer>``.
+
+    reasoning-core's prompts say what the answer is ("The answer is a number.") but not where to write it; its own
+    evaluation (``reasoning_core.evaluate_model``) asks, in a system prompt, for the final answer between
+    ``<answer>`` and ``</answer>`` tags and scores what is inside them. So does this grader: the text inside the
+    response's last ``<answer>…</answer>``, stripped, is scored by the task's ``score_answer`` against the entry
+    rebuilt from the record (prompt, answer, metadata), partial credit included. A response without the tags has
+    no answer and scores 0.0, so give such a source a system prompt that asks for them. Only the response counts:
+    tags inside a leading ``<think>…</think>`` block are not the answer.
+    """
+    task, entry = _reasoning_core_entry(sample)
+    scorer = _reasoning_core_scorer(task)
+    answers = _ANSWER_TAGS.findall(sample.response)
+    if not answers:
+        return 0.0
+    return float(scorer(answers[-1].strip(), entry))
+
+
 def _math_fast(sample: GradeInput, /, *, timeout_s: float = 5) -> float | None:
     if sample.answer is None or not timeout_s > 0:
         return None  # the grader's own error, from a grader process
@@ -504,6 +584,8 @@ BUILTIN_GRADERS: Mapping[str, GraderFn] = MappingProxyType(
             json_schema,
             length_cap,
             reasoning_gym,
+            reasoning_core,
+            code,
         )
     }
 )

@@ -1,6 +1,6 @@
 """Sends completions to every grader of their source at once: the local graders in the process pool (or, for
 the built-in verdicts that are cheap and bounded, here), each remote grader in one HTTP request per
-``/grade`` request, side by side."""
+``/grade`` request, and each LLM judge in one request per completion (within the judge's cap), side by side."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import time
 from collections.abc import Sequence
 
 import httpx
+from pydantic import SecretStr
 
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.builtin import FAST_VERDICTS
+from proctor.server.grading.judge import JudgeClient
 from proctor.server.grading.outcome import GraderOutcome
 from proctor.server.grading.pool import GraderPool, Task
-from proctor.server.grading.registry import BUILTIN_PREFIX, LocalGrader, RemoteGrader, SourceGraders
+from proctor.server.grading.registry import BUILTIN_PREFIX, JudgeGrader, LocalGrader, RemoteGrader, SourceGraders
 from proctor.server.grading.remote import grade_remote
 from proctor.server.metrics import Metrics
 from proctor.server.pacing import paced
@@ -23,11 +25,21 @@ __all__ = ["GraderFanout"]
 
 
 class GraderFanout:
-    def __init__(self, pool: GraderPool, http: httpx.AsyncClient, metrics: Metrics, timeout_s: float) -> None:
+    def __init__(
+        self,
+        pool: GraderPool,
+        http: httpx.AsyncClient,
+        metrics: Metrics,
+        timeout_s: float,
+        *,
+        judge_api_key: SecretStr | None = None,
+    ) -> None:
         self.pool = pool
         self.http = http
         self.metrics = metrics
         self.timeout_s = timeout_s
+        # Lives as long as the fanout: each judge's cap holds across every /grade at once.
+        self.judges = JudgeClient(http, judge_api_key)
 
     async def grade(self, work: Sequence[tuple[SourceGraders, GradeInput]]) -> list[dict[str, GraderOutcome]]:
         """Every grader's outcome for each completion, by grader key, in the order of ``work``."""
@@ -35,11 +47,13 @@ class GraderFanout:
         jobs = [self._local(work, outcomes)]
         by_source: dict[int, list[int]] = {}
         for n, (graders, _) in enumerate(work):
-            if graders.remote:
+            if graders.remote or graders.judges:
                 by_source.setdefault(id(graders), []).append(n)
         for indexes in by_source.values():
             for grader in work[indexes[0]][0].remote:
                 jobs.append(self._remote(grader, work, indexes, outcomes))
+            for judge in work[indexes[0]][0].judges:
+                jobs.append(self._judge(judge, work, indexes, outcomes))
         await asyncio.gather(*jobs)
         for per_item in outcomes:
             for key, o in per_item.items():
@@ -81,6 +95,17 @@ class GraderFanout:
         results = await grade_remote(self.http, grader, [work[n][1] for n in indexes])
         for n, o in zip(indexes, results, strict=True):
             outcomes[n][grader.key] = o
+
+    async def _judge(
+        self,
+        judge: JudgeGrader,
+        work: Sequence[tuple[SourceGraders, GradeInput]],
+        indexes: list[int],
+        outcomes: list[dict[str, GraderOutcome]],
+    ) -> None:
+        results = await self.judges.grade(judge, [work[n][1] for n in indexes])
+        for n, o in zip(indexes, results, strict=True):
+            outcomes[n][judge.key] = o
 
 
 def _fast_outcomes(graders: Sequence[LocalGrader], sample: GradeInput) -> dict[str, GraderOutcome] | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["FailureKind", "GraderOutcome"]
 
@@ -19,15 +21,17 @@ class FailureKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class GraderOutcome:
-    """Exactly one of ``score`` and ``failure`` is set; ``message`` says what failed and why."""
+    """Exactly one of ``score`` and ``failure`` is set; ``message`` says what failed and why, ``detail`` what led
+    to a score (a grader that returned a :class:`~proctor.server.grading.base.Verdict`)."""
 
     score: float | None = None
     failure: FailureKind | None = None
     message: str = ""
+    detail: Mapping[str, Any] | None = None
 
     @classmethod
-    def scored(cls, score: float) -> GraderOutcome:
-        return cls(score=score)
+    def scored(cls, score: float, detail: Mapping[str, Any] | None = None) -> GraderOutcome:
+        return cls(score=score, detail=detail)
 
     @classmethod
     def failed(cls, kind: FailureKind, message: str) -> GraderOutcome:

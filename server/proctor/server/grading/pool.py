@@ -42,7 +42,7 @@ from types import FrameType
 from typing import Any
 
 from proctor.server.exceptions import ProctorError
-from proctor.server.grading.base import GradeInput
+from proctor.server.grading.base import GradeInput, Verdict
 from proctor.server.grading.outcome import FailureKind, GraderOutcome
 from proctor.server.grading.registry import LocalGrader, load_callable
 
@@ -63,8 +63,9 @@ _GRACE_S = 1.0
 Task = tuple[Sequence[LocalGrader], GradeInput]
 # A task's outcome per grader key.
 TaskOutcomes = dict[str, GraderOutcome]
-# What a worker sends back for one grader of one task: a score, or (FailureKind value, message).
-_Raw = float | tuple[str, str]
+# What a worker sends back for one grader of one task: a score, a (score, detail) verdict, or (FailureKind value,
+# message).
+_Raw = float | tuple[float, dict[str, Any]] | tuple[str, str]
 
 
 class GraderPoolError(ProctorError):
@@ -129,10 +130,11 @@ def _grade(graders: Sequence[tuple[str, Mapping[str, Any]]], sample: GradeInput,
                 fn = _loaded.get(ref)
                 if fn is None:
                     fn = _loaded[ref] = load_callable(ref)
-                score = float(fn(sample, **params))
+                result = fn(sample, **params)
+                score = float(result.score if isinstance(result, Verdict) else result)
                 if not math.isfinite(score):
                     raise ValueError(f"returned {score}, not a finite number")
-                out.append(score)
+                out.append((score, dict(result.detail)) if isinstance(result, Verdict) else score)
             except Exception as exc:
                 out.append((FailureKind.ERROR.value, f"{type(exc).__name__}: {exc}"))
     finally:
@@ -389,8 +391,10 @@ class GraderPool:
 def _outcomes(graders: Sequence[LocalGrader], raw: Sequence[_Raw]) -> TaskOutcomes:
     out: TaskOutcomes = {}
     for g, r in zip(graders, raw, strict=True):
-        if isinstance(r, tuple):
-            out[g.key] = GraderOutcome.failed(FailureKind(r[0]), r[1])
+        if isinstance(r, tuple) and isinstance(r[0], str):
+            out[g.key] = GraderOutcome.failed(FailureKind(r[0]), str(r[1]))
+        elif isinstance(r, tuple):
+            out[g.key] = GraderOutcome.scored(r[0], r[1])
         else:
             out[g.key] = GraderOutcome.scored(r)
     return out

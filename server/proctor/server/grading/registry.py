@@ -1,7 +1,8 @@
 """Resolves the graders a curriculum names into what the pool and the remote client execute.
 
 Local graders (built-in or custom Python) are described by a picklable :class:`LocalGrader` with a string
-reference; each pool worker imports the reference once. Remote graders are called from the event loop.
+reference; each pool worker imports the reference once. Remote graders and LLM judges are called from the event
+loop.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from pydantic import ValidationError
+
 from proctor.server.exceptions import ProctorError
 from proctor.server.grading.base import GradeInput, GraderFn
-from proctor.server.spec import CustomGraderSpec, GraderUse
+from proctor.server.spec import CustomGraderSpec, GraderUse, JudgeParams, JudgeSpec
 
 __all__ = [
     "GraderResolutionError",
+    "JudgeGrader",
     "LocalGrader",
     "RemoteGrader",
     "SourceGraders",
@@ -63,6 +67,29 @@ class RemoteGrader:
 
 
 @dataclass(frozen=True, slots=True)
+class JudgeGrader:
+    """An LLM judge as a source uses it (:mod:`proctor.server.grading.judge`): ``name`` is the judge's name under
+    the curriculum's ``graders``, whose ``max_concurrency`` every source that uses it shares; ``rubric``,
+    ``score_pattern`` and ``scale`` are the source's own when its use of the judge sets them."""
+
+    key: str
+    name: str
+    url: str
+    model: str
+    rubric: str
+    score_pattern: str
+    scale: tuple[float, float]
+    max_concurrency: int
+    timeout_s: float
+    deadline_s: float
+    retries: int
+    max_tokens: int
+    temperature: float
+    weight: float
+    multiplicative: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SourceGraders:
     """Everything needed to turn one completion of a source into a reward."""
 
@@ -70,6 +97,7 @@ class SourceGraders:
     remote: tuple[RemoteGrader, ...]
     on_error: float
     names: tuple[str, ...] = field(default=())
+    judges: tuple[JudgeGrader, ...] = field(default=())
 
 
 def load_callable(ref: str) -> GraderFn:
@@ -112,13 +140,47 @@ def resolve_graders(
     """Resolve a source's grader list; raises :class:`GraderResolutionError` naming the faulty part."""
     local: list[LocalGrader] = []
     remote: list[RemoteGrader] = []
+    judges: list[JudgeGrader] = []
     for index, use in enumerate(uses):
         try:
-            _resolve_one(use, custom, base_dir, local, remote)
+            if use.name in custom and (judge := custom[use.name].judge) is not None:
+                judges.append(_judge(use, judge))
+            else:
+                _resolve_one(use, custom, base_dir, local, remote)
         except GraderResolutionError as exc:
             exc.index = index
             raise
-    return SourceGraders(tuple(local), tuple(remote), on_error, tuple(u.key for u in uses))
+    return SourceGraders(tuple(local), tuple(remote), on_error, tuple(u.key for u in uses), tuple(judges))
+
+
+def _judge(use: GraderUse, spec: JudgeSpec) -> JudgeGrader:
+    """A source's use of a judge, with the ``rubric``, ``score_pattern`` and ``scale`` its ``params`` set."""
+    try:
+        own = JudgeParams.model_validate(use.params)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(["params", *(str(p) for p in err["loc"])])
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = f"judge {use.name!r} takes only rubric, score_pattern and scale in a source's params"
+        raise GraderResolutionError(where, message) from None
+    return JudgeGrader(
+        key=use.key,
+        name=use.name,
+        url=spec.url,
+        model=spec.model,
+        rubric=spec.rubric if own.rubric is None else own.rubric,
+        score_pattern=spec.score_pattern if own.score_pattern is None else own.score_pattern,
+        scale=spec.scale if own.scale is None else own.scale,
+        max_concurrency=spec.max_concurrency,
+        timeout_s=spec.timeout_s,
+        deadline_s=spec.deadline_s,
+        retries=spec.retries,
+        max_tokens=spec.max_tokens,
+        temperature=spec.temperature,
+        weight=use.weight,
+        multiplicative=use.multiplicative,
+    )
 
 
 def _resolve_one(

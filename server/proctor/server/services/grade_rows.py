@@ -61,7 +61,7 @@ async def grade_rows(
     for n, (found, _), per_grader in zip(positions, work, outcomes, strict=True):
         c = compose(found, per_grader)
         rewards[n] = c.reward
-        details[n] = col.reward_detail(c.components, c.error)
+        details[n] = col.reward_detail(c.components, c.error, c.details)
     return {col.REWARD: rewards, col.REWARD_DETAIL: details}
 
 

@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from proctor.experience import Value
 from proctor.experience import columns as col
@@ -36,7 +37,7 @@ log = logging.getLogger("proctor.grading")
 
 _Row = tuple[int, int, int]
 """Where the store holds a completion: ``(table, slot, index)``."""
-_Graded = tuple[float, dict[str, float], str | None]
+_Graded = tuple[float, dict[str, float], str | None, dict[str, Any]]
 """A grade's reward, each grader's score, and the failure, if any."""
 
 
@@ -146,7 +147,7 @@ class GradingService:
         for it, c, reward, detail in zip(
             fresh, completions, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True
         ):
-            value = (float(reward), *col.parse_reward_detail(detail))
+            value = (float(reward), *col.parse_reward_detail(detail), col.parse_reward_details(detail))
             values.append(value)
             graded.append(Graded(c, value[0], detail, GradeRow(it.key, it.stage, it.source, *value)))
         written = await self.rollouts.write_graded(graded, lease_s=LEASE_S)
@@ -170,8 +171,9 @@ class GradingService:
             timeout = grading_time(len(its), max(s.grader_workers, 1), s.grader_timeout_s)
             values = await self.rollouts.rewards(table, [it.row[1:] for it in its], timeout)
             for n, it in enumerate(its):
-                components, error = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
-                out[it.row] = (float(values[col.REWARD][n]), components, error)
+                detail = values[col.REWARD_DETAIL][n]
+                components, error = col.parse_reward_detail(detail)
+                out[it.row] = (float(values[col.REWARD][n]), components, error, col.parse_reward_details(detail))
 
         await asyncio.gather(*(one(table, its) for table, its in by_table.items()))
         return out
@@ -190,8 +192,7 @@ class GradingService:
         ctx = self.ctx
         rows: dict[GradeKey, GradeRow] = {}
         async for it in paced(fresh):
-            reward, components, error = values[it.row]
-            rows[it.key] = GradeRow(it.key, it.stage, it.source, reward, components, error)
+            rows[it.key] = GradeRow(it.key, it.stage, it.source, *values[it.row])
         if raced:
             # Another request stored the same grade meanwhile; answer with that one, counted once.
             stored.update(await ctx.storage.find_grades(raced))
@@ -382,6 +383,7 @@ def _result(it: _Item, row: GradeRow, *, cached: bool, table: int | None) -> wir
         reward=row.reward,
         components=row.components,
         error=row.error,
+        details=row.details,
         cached=cached,
         table=table,
     )

@@ -3,6 +3,7 @@ where its curriculum stands, and what it counted of each step."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -68,6 +69,8 @@ def graders(curriculum: Curriculum, settings: Settings) -> wire.Graders:
                 ],
                 on_error=sg.on_error,
                 names=list(sg.names),
+                # Every field but the judges' API key, which a grade-worker takes from its own settings.
+                judges=[wire.JudgeGraderSpec(**dataclasses.asdict(g)) for g in sg.judges],
             )
             for name, sg in curriculum.graders.items()
         },

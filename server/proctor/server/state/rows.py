@@ -5,7 +5,7 @@ live page shows."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from proctor.server.state.items import GroupState, ItemState
@@ -61,6 +61,7 @@ class GradeRow:
     reward: float
     components: dict[str, float]
     error: str | None
+    details: dict[str, Any] = field(default_factory=dict)  # what led to each grader's score, where it said
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,14 @@ from urllib.parse import urlsplit, urlunsplit
 from proctor.experience.database import Database, is_postgresql
 from proctor.server.exceptions import ProctorError
 from proctor.server.state.items import ItemTracking
-from proctor.server.store.schema import MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4, SCHEMA, SCHEMA_VERSION
+from proctor.server.store.schema import (
+    MIGRATE_1_TO_2,
+    MIGRATE_2_TO_3,
+    MIGRATE_3_TO_4,
+    MIGRATE_4_TO_5,
+    SCHEMA,
+    SCHEMA_VERSION,
+)
 
 __all__ = [
     "SQLiteVersionError",
@@ -102,6 +109,11 @@ class StateConnection:
             self._db.script("BEGIN IMMEDIATE;" + MIGRATE_2_TO_3 + "COMMIT;")
         if self._schema_version() == "3":
             self._db.script("BEGIN IMMEDIATE;" + MIGRATE_3_TO_4 + "COMMIT;")
+        if self._schema_version() == "4":
+            # A file migrated from version 1 made its grades table with this version's columns already.
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(grades)").fetchall()}
+            add = "" if "details" in columns else "ALTER TABLE grades ADD COLUMN details TEXT;"
+            self._db.script("BEGIN IMMEDIATE;" + add + MIGRATE_4_TO_5 + "COMMIT;")
         self._db.script(SCHEMA)
         self._opened()
 
@@ -123,7 +135,11 @@ class StateConnection:
                     "stands by for that one and takes over when it stops. One process serves a database at a time"
                 )
             self._reader = Database.postgresql(self.path, application="proctor-reader")
-            self._db.script(MIGRATE_3_TO_4 if self._schema_version() == "3" else SCHEMA)
+            if self._schema_version() == "3":
+                self._db.script(MIGRATE_3_TO_4)
+            if self._schema_version() == "4":
+                self._db.script("ALTER TABLE grades ADD COLUMN IF NOT EXISTS details TEXT;" + MIGRATE_4_TO_5)
+            self._db.script(SCHEMA)
         except BaseException:
             self._db.close()
             raise

@@ -93,13 +93,13 @@ class GradeQueries(StateConnection):
             rows = self._reader.execute(
                 f"WITH k (iteration, sample_id, slot, completion_index, completion_sha) AS ({values})"
                 " SELECT g.iteration, g.sample_id, g.slot, g.completion_index, g.completion_sha, g.stage, g.source,"
-                " g.reward, g.components, g.error FROM k JOIN grades AS g"
+                " g.reward, g.components, g.error, g.details FROM k JOIN grades AS g"
                 " USING (iteration, sample_id, slot, completion_index, completion_sha)",
                 params,
             )
-            for *key, stage, source, reward, components, error in rows:
+            for *key, stage, source, reward, components, error, details in rows:
                 k: GradeKey = (key[0], key[1], key[2], key[3], key[4])
-                out[k] = GradeRow(k, stage, source, reward, json.loads(components), error)
+                out[k] = GradeRow(k, stage, source, reward, json.loads(components), error, json.loads(details or "{}"))
         return out
 
     def track_items(self, tracking: ItemTracking) -> None:
@@ -126,15 +126,19 @@ class GradeQueries(StateConnection):
             new, after = ("xmax = 0", []) if postgresql else ("seq > ?", [before])
             for part in _parts(list(rows), _ROWS_PER_STATEMENT):
                 values, params = self._db.rows(
-                    (*_GRADE_KEY, "bigint", "text", "double precision", "text", "text", "double precision"),
-                    [(*r.key, r.stage, r.source, r.reward, json.dumps(r.components), r.error, now) for r in part],
+                    (*_GRADE_KEY, "bigint", "text", "double precision", "text", "text", "text", "double precision"),
+                    [
+                        (*r.key, r.stage, r.source, r.reward, json.dumps(r.components), r.error, _details(r), now)
+                        for r in part
+                    ],
                 )
                 returned = self._db.execute(
                     "INSERT INTO grades (iteration, sample_id, slot, completion_index, completion_sha, stage, source,"
-                    f" reward, components, error, created_at) {values}"
+                    f" reward, components, error, details, created_at) {values}"
                     " ON CONFLICT (iteration, sample_id, slot, completion_index, completion_sha) DO UPDATE SET"
                     " stage = excluded.stage, source = excluded.source, reward = excluded.reward,"
-                    " components = excluded.components, error = excluded.error, created_at = excluded.created_at"
+                    " components = excluded.components, error = excluded.error, details = excluded.details,"
+                    " created_at = excluded.created_at"
                     " WHERE grades.error IS NOT NULL"
                     f" RETURNING {new}, iteration, sample_id, slot, completion_index, completion_sha",
                     params + after,
@@ -228,3 +232,8 @@ class GradeQueries(StateConnection):
 
 def _record_key(sample_id: str) -> int:
     return int(sample_id.rsplit(":", 1)[1])
+
+
+def _details(row: GradeRow) -> str | None:
+    # NULL for the grades of graders that say nothing but a score: nearly all of them.
+    return json.dumps(row.details) if row.details else None

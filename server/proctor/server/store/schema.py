@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["MIGRATE_1_TO_2", "MIGRATE_2_TO_3", "MIGRATE_3_TO_4", "SCHEMA", "SCHEMA_VERSION"]
+__all__ = ["MIGRATE_1_TO_2", "MIGRATE_2_TO_3", "MIGRATE_3_TO_4", "MIGRATE_4_TO_5", "SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS grades (
     components TEXT NOT NULL,
     error TEXT,
     created_at REAL NOT NULL,
+    details TEXT,
     UNIQUE (iteration, sample_id, slot, completion_index, completion_sha)
 );
 CREATE INDEX IF NOT EXISTS grades_by_stage ON grades (stage, seq);
@@ -118,3 +119,6 @@ MIGRATE_2_TO_3 = SCHEMA + "UPDATE meta SET value = '3' WHERE key = 'schema_versi
 
 # Version 3 had no refills: the table starts empty.
 MIGRATE_3_TO_4 = SCHEMA + "UPDATE meta SET value = '4' WHERE key = 'schema_version';"
+
+# Version 4 kept no graders' details: its grades have none (NULL). The column comes last, where ALTER TABLE adds it.
+MIGRATE_4_TO_5 = SCHEMA + "UPDATE meta SET value = '5' WHERE key = 'schema_version';"
