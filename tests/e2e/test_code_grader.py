@@ -5,6 +5,8 @@ with the grades (a retry is answered from them)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -118,3 +120,34 @@ def test_hostile_programs_get_clean_verdicts_and_the_server_stays_up(
         assert [r["cached"] for r in again] == [True] * len(items)
         assert [r["details"] for r in again] == [r["details"] for r in results]
         assert client.get("/healthz").status_code == 200
+
+
+def test_a_grade_worker_runs_the_sandboxes_and_its_verdicts_are_kept(
+    server_process: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    # The grader role on a `proctor grade-worker`: its verdicts reach the server as the rows' reward_detail cells.
+    path = builtin_path("python_code")
+    server = server_process([str(path), "--database-url", str(tmp_path / "state.db"), "--grader-workers", "0"])
+    curriculum = load_curriculum(path)
+    cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", server.url, "--workers", "1"]
+    with (tmp_path / "worker.log").open("ab") as log:
+        worker = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            [sample] = client.post("/sample", json={"iteration": 0, "batch_size": 1}).json()["samples"]
+            sid = SampleId.parse(sample["sample_id"])
+            reference = curriculum.sources[sid.source].record(sid.key).answer
+            items = [
+                {"sample_id": sample["sample_id"], "completion_index": 0, "completion": f"```python\n{reference}```"},
+                {"sample_id": sample["sample_id"], "completion_index": 1, "completion": HOSTILE["segfault"]},
+            ]
+            answer = client.post("/grade", json={"iteration": 0, "items": items})
+            assert answer.status_code == 200, answer.text
+            right, crashed = answer.json()["results"]
+            assert right["reward"] == 1.0 and set(right["details"]["code"]["tests"]) == {"pass"}
+            assert crashed["reward"] == 0.0 and crashed["details"]["code"]["failure"] == "crash"
+            again = client.post("/grade", json={"iteration": 0, "items": items}).json()["results"]
+            assert [r["details"] for r in again] == [right["details"], crashed["details"]]
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)

@@ -90,6 +90,8 @@ def test_a_real_judge_grades_within_its_cap(
     for r in judged:
         if r["error"] is None:
             assert 0.0 <= r["reward"] <= 1.0 and r["components"] == {"noise": r["reward"]}
+            said = r["details"]["noise"]  # what the judge said: its own score, and its answer
+            assert isinstance(said["score"], float) and isinstance(said["answer"], str)
         else:  # noise without a digit in it
             assert r["error"].startswith("judge 'noise': no score in its answer: ") and r["reward"] == -1.0
     assert any(r["error"] is None for r in judged)
