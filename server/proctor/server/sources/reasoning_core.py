@@ -30,7 +30,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
-import dataclasses
 import difflib
 import functools
 import hashlib
@@ -54,6 +53,7 @@ from proctor.server.grading.builtin import REASONING_CORE_METADATA, import_reaso
 from proctor.server.grading.builtin import reasoning_core as grade_reasoning_core
 from proctor.server.sources.base import Record, Source, content_version
 from proctor.server.sources.files import SourceDataError
+from proctor.server.sources.knobs import config_knobs, reason
 from proctor.server.spec import ReasoningCoreSourceSpec
 
 __all__ = ["ReasoningCoreSource"]
@@ -259,7 +259,7 @@ def _serve() -> None:
         except SourceDataError as exc:
             reply = ["invalid", exc.field, str(exc)]
         except Exception as exc:
-            reply = ["error", _reason(exc)]
+            reply = ["error", reason(exc)]
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 
@@ -290,7 +290,7 @@ def _check_grading(task: Mapping[str, Any], prototype: Any, level: int) -> None:
         item = _item(prototype, level, _record_seeds(task["seed"], 0))
     except Exception as exc:  # a task reads its knobs only when it makes an item
         raise SourceDataError(
-            "config", f"reasoning-core cannot generate {name!r} items with this config: {_reason(exc)}"
+            "config", f"reasoning-core cannot generate {name!r} items with this config: {reason(exc)}"
         ) from None
     answer = None if item.answer is None else str(item.answer)
     metadata = json.loads(json.dumps({k: v for k, v in item.metadata.items() if k not in _VOLATILE}))
@@ -300,7 +300,7 @@ def _check_grading(task: Mapping[str, Any], prototype: Any, level: int) -> None:
         score = grade_reasoning_core(sample)
     except Exception as exc:
         raise SourceDataError(
-            "task", f"reasoning-core's scorer fails on {name!r} record 0's own answer: {_reason(exc)}"
+            "task", f"reasoning-core's scorer fails on {name!r} record 0's own answer: {reason(exc)}"
         ) from None
     if score != 1.0:
         raise SourceDataError(
@@ -334,7 +334,7 @@ def _prototype(rc: Any, task: str, config_json: str, seed: int) -> Any:
     _seed(seed)  # a task's constructor may draw from the random state too
     default = rc.get_task(task)
     config_cls = type(default.config)
-    knobs = _knobs(config_cls)
+    knobs = config_knobs(config_cls, _RESERVED)
     listing = f"its knobs (with defaults): {', '.join(f'{k}={v!r}' for k, v in knobs.items())}"
     unknown = [k for k in config if k not in knobs]
     if unknown:
@@ -346,36 +346,8 @@ def _prototype(rc: Any, task: str, config_json: str, seed: int) -> Any:
         return rc.get_task(task, config=config_cls(**config))
     except Exception as exc:  # the config's own __post_init__ or the task's constructor
         raise SourceDataError(
-            "config", f"reasoning-core rejected the config of {task!r}: {_reason(exc)}; {listing}"
+            "config", f"reasoning-core rejected the config of {task!r}: {reason(exc)}; {listing}"
         ) from None
-
-
-def _knobs(config_cls: type) -> dict[str, Any]:
-    """A config dataclass's fields and their defaults, leaving out those proctor sets."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(config_cls):
-        if f.name in _RESERVED:
-            continue
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-        else:
-            out[f.name] = _REQUIRED
-    return out
-
-
-class _Required:
-    def __repr__(self) -> str:
-        return "(required)"
-
-
-_REQUIRED = _Required()
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc)
-    return text if text else type(exc).__name__
 
 
 def _item(prototype: Any, level: int, seeds: list[int]) -> Any:

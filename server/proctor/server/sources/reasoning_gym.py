@@ -13,7 +13,6 @@ load without the extra.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import hashlib
@@ -29,6 +28,7 @@ from proctor.server.grading.builtin import REASONING_GYM_METADATA, import_reason
 from proctor.server.grading.builtin import reasoning_gym as grade_reasoning_gym
 from proctor.server.sources.base import Record, Source, content_version
 from proctor.server.sources.files import SourceDataError
+from proctor.server.sources.knobs import config_knobs, reason
 from proctor.server.spec import ReasoningGymSourceSpec
 
 __all__ = ["ReasoningGymSource"]
@@ -108,7 +108,7 @@ class ReasoningGymSource(Source):
             record = self.record(0)
         except Exception as exc:  # reasoning-gym checks some knobs only when it generates an item
             raise SourceDataError(
-                "config", f"reasoning-gym cannot generate {dataset!r} items with this config: {_reason(exc)}"
+                "config", f"reasoning-gym cannot generate {dataset!r} items with this config: {reason(exc)}"
             ) from None
         if record.answer is None:
             return  # a dataset with many right answers (propositional_logic, rubiks_cube): nothing to compare
@@ -122,7 +122,7 @@ class ReasoningGymSource(Source):
             score = grade_reasoning_gym(sample)
         except Exception as exc:
             raise SourceDataError(
-                "dataset", f"reasoning-gym's scorer fails on {dataset!r} record 0's own answer: {_reason(exc)}"
+                "dataset", f"reasoning-gym's scorer fails on {dataset!r} record 0's own answer: {reason(exc)}"
             ) from None
         if score != 1.0:
             raise SourceDataError(
@@ -152,7 +152,7 @@ def _create_dataset(rg: Any, spec: ReasoningGymSourceSpec, seed: int, package: s
             f"reasoning-gym {package} has no dataset {spec.dataset!r}{hint} "
             f"Its datasets: {', '.join(sorted(datasets))}",
         )
-    knobs = _knobs(datasets[spec.dataset][1])
+    knobs = config_knobs(datasets[spec.dataset][1], _RESERVED)
     listing = f"its knobs (with defaults): {', '.join(f'{k}={v!r}' for k, v in knobs.items())}"
     reserved = [k for k in _RESERVED if k in spec.config]
     if reserved:
@@ -168,36 +168,8 @@ def _create_dataset(rg: Any, spec: ReasoningGymSourceSpec, seed: int, package: s
         return rg.create_dataset(spec.dataset, seed=seed, size=spec.size, **spec.config)
     except Exception as exc:  # the config's own validate() asserts; constructors raise what they like
         raise SourceDataError(
-            "config", f"reasoning-gym rejected the config of {spec.dataset!r}: {_reason(exc)}; {listing}"
+            "config", f"reasoning-gym rejected the config of {spec.dataset!r}: {reason(exc)}; {listing}"
         ) from None
-
-
-def _knobs(config_cls: type) -> dict[str, Any]:
-    """A config dataclass's fields and their defaults, leaving out the seed and size proctor sets."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(config_cls):
-        if f.name in _RESERVED:
-            continue
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-        else:
-            out[f.name] = _REQUIRED
-    return out
-
-
-class _Required:
-    def __repr__(self) -> str:
-        return "(required)"
-
-
-_REQUIRED = _Required()
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc)
-    return text if text else type(exc).__name__
 
 
 def _knob_difficulty(rg: Any, dataset: str, config: Any) -> float | None:
