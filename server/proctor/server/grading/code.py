@@ -24,6 +24,7 @@ from proctor.server.grading.sandbox import Isolation, SandboxLimits, Test, run_p
 __all__ = ["MAX_TESTS", "code", "program_of", "read_tests"]
 
 MAX_TESTS = 256
+_DEFAULT = SandboxLimits()  # the limits a run gets where the curriculum sets none
 _MAX_TEST_CHARS = 64 * 1024
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = ("", "python", "python3", "py")
@@ -76,15 +77,15 @@ def code(
     all_or_nothing: bool = False,
     isolation: str = "namespaces",
     python: str | None = None,
-    wall_s: float = 6.0,
-    cpu_s: int = 4,
-    test_timeout_s: float = 4.0,
-    memory_mb: int = 512,
-    processes: int = 16,
-    open_files: int = 64,
-    file_mb: int = 16,
-    disk_mb: int = 32,
-    output_kb: int = 256,
+    wall_s: float = _DEFAULT.wall_s,
+    cpu_s: int = _DEFAULT.cpu_s,
+    test_timeout_s: float = _DEFAULT.test_timeout_s,
+    memory_mb: int = _DEFAULT.memory_mb,
+    processes: int = _DEFAULT.processes,
+    open_files: int = _DEFAULT.open_files,
+    file_mb: int = _DEFAULT.file_mb,
+    disk_mb: int = _DEFAULT.disk_mb,
+    output_kb: int = _DEFAULT.output_kb,
 ) -> Verdict:
     """Run the completion's program against the record's tests in a sandbox; see the module's docstring."""
     try:

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,15 +89,15 @@ class SandboxUnavailable(ProctorError, RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class SandboxLimits:
-    cpu_s: int = 5
-    wall_s: float = 10.0
+    cpu_s: int = 4
+    wall_s: float = 6.0
     memory_mb: int = 512
     processes: int = 16
     open_files: int = 64
     file_mb: int = 16
     disk_mb: int = 32
     output_kb: int = 256
-    test_timeout_s: float = 5.0
+    test_timeout_s: float = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,6 @@ class SandboxRun:
     failure: RunKind | None
     message: str
     isolation: Isolation
-    seconds: float = field(compare=False, default=0.0)
 
     @property
     def passed(self) -> int:
@@ -159,7 +158,6 @@ def run_program(
 
 
 def _run(code: str, tests: Sequence[Test], limits: SandboxLimits, level: Isolation, python: str) -> SandboxRun:
-    started = time.monotonic()
     with _uid_slot(level) as uid, _workdir(uid) as workdir:
         nonce = secrets.token_hex(16)
         job = {
@@ -184,7 +182,7 @@ def _run(code: str, tests: Sequence[Test], limits: SandboxLimits, level: Isolati
     lines, status, killed = outcome
     if status == _SETUP_FAILED and lines and lines[0][1] == "setup":
         raise SandboxUnavailable(f"the sandbox could not isolate a run: {lines[0][2]}")
-    return _verdicts(len(tests), lines, status, killed, level, time.monotonic() - started)
+    return _verdicts(len(tests), lines, status, killed, level)
 
 
 def _execute(
@@ -293,7 +291,7 @@ def _drain(fd: int) -> bytes:
     return bytes(data)
 
 
-def _verdicts(n: int, lines: list[list[Any]], status: int, killed: str, level: Isolation, seconds: float) -> SandboxRun:
+def _verdicts(n: int, lines: list[list[Any]], status: int, killed: str, level: Isolation) -> SandboxRun:
     verdicts: list[str | None] = [None] * n
     messages = [""] * n
     failure: RunKind | None = None
@@ -330,7 +328,6 @@ def _verdicts(n: int, lines: list[list[Any]], status: int, killed: str, level: I
         failure,
         message,
         level,
-        seconds,
     )
 
 

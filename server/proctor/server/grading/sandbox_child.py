@@ -211,8 +211,8 @@ def main() -> None:
     def on_alarm(signum: int, frame: object) -> None:
         raise _TestTimeout
 
-    def run(source: Any, namespace: dict[str, Any], stdin: str) -> str | None:
-        """Run ``source`` in ``namespace``: None when it ran, else the verdict it came to."""
+    def run(source: Any, namespace: dict[str, Any], stdin: str) -> tuple[str | None, str, str]:
+        """Run ``source`` in ``namespace``: ``(None, "", its output)`` when it ran, else ``(verdict, message, "")``."""
         signal.signal(signal.SIGALRM, on_alarm)
         sys.stdin = io.StringIO(stdin)
         out = sys.stdout = _Capped(budget, keep=True)
@@ -227,36 +227,33 @@ def main() -> None:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except _TestTimeout:
-            return "timeout"
+            return "timeout", "", ""
         except _OutputLimit:
-            return "output"
+            return "output", "", ""
         except MemoryError:
-            return "memory"
+            return "memory", "", ""
         except AssertionError:
-            return "fail"
+            return "fail", "", ""
         except BaseException as exc:  # the program's own exceptions, SystemExit(1) among them
-            namespace["__error__"] = f"{type(exc).__name__}: {exc}"
-            return "error"
-        namespace["__stdout__"] = out.getvalue()
-        return None
+            return "error", f"{type(exc).__name__}: {exc}", ""
+        return None, "", out.getvalue()
 
     io_tests = all(isinstance(t, dict) for t in tests)
     shared: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-    loaded = None if io_tests else run(program, shared, "")
+    loaded, why, _ = (None, "", "") if io_tests else run(program, shared, "")
     for index, test in enumerate(tests):
         if loaded is not None:  # the program itself failed: so does every test of it
-            report(index, loaded, str(shared.get("__error__", "")))
+            report(index, loaded, why)
             continue
         if io_tests:
-            namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-            verdict = run(program, namespace, test["input"])
+            fresh = {"__name__": "__main__", "__builtins__": builtins}
+            verdict, message, printed = run(program, fresh, test["input"])
             if verdict is None:
-                same = _normalised(namespace["__stdout__"]) == _normalised(test["output"])
-                verdict = "pass" if same else "fail"
+                verdict = "pass" if _normalised(printed) == _normalised(test["output"]) else "fail"
         else:
-            namespace = shared
-            verdict = run(compile(test, f"<test {index}>", "exec"), namespace, "") or "pass"
-        report(index, verdict, str(namespace.pop("__error__", "")))
+            verdict, message, _ = run(compile(test, f"<test {index}>", "exec"), shared, "")
+            verdict = verdict or "pass"
+        report(index, verdict, message)
 
 
 if __name__ == "__main__":
