@@ -246,7 +246,7 @@ def test_keys_outside_the_size_raise_key_error(key: int) -> None:
 
 
 def test_metadata_is_plain_json_without_what_says_how_the_record_was_made() -> None:
-    metadata = make("table_qa").record(0).metadata
+    metadata = make().record(0).metadata
     assert json.loads(json.dumps(metadata)) == metadata
     assert not {"_time", "_generator_commit", "_prompt_tokens", "_answer_tokens", "_cot_tokens"} & set(metadata)
 
