@@ -22,6 +22,9 @@ EXACT = LocalGrader("exact_match", "builtin:exact_match", {}, 1.0, False)
 CASED = LocalGrader("exact_match", "builtin:exact_match", {"case_sensitive": True}, 1.0, False)
 NO_TIME = LocalGrader("math", "builtin:math", {"timeout_s": 0}, 1.0, False)
 UNKNOWN = LocalGrader("math", "builtin:math", {"digits": 3}, 1.0, False)
+NUMERIC = LocalGrader("numeric", "builtin:numeric", {}, 1.0, False)
+LOOSE = LocalGrader("numeric", "builtin:numeric", {"rel_tol": 0.1}, 1.0, False)
+BAD_TOL = LocalGrader("numeric", "builtin:numeric", {"rel_tol": "tight"}, 1.0, False)
 
 # (reference, completion): plain numbers both ways, forms only math-verify reads, text, and hostile ones.
 CASES = [
@@ -33,6 +36,9 @@ CASES = [
     ("1,234", "1234"),
     ("5", "$5$"),
     ("5", "5.0000000000000000001"),
+    ("5", "5.4"),
+    ("1e3", "the answer is \\boxed{1,000}"),
+    ("12", "\\boxed{" + "{" * 30_000),
     ("2", "2 apples"),
     ("x^2", "x^2"),
     ("Paris", "paris"),
@@ -64,8 +70,19 @@ def work(graders: Sequence[LocalGrader]) -> list[tuple[SourceGraders, GradeInput
 
 @pytest.mark.parametrize(
     "graders",
-    [[MATH], [EXACT], [CASED], [MATH, EXACT], [NO_TIME], [UNKNOWN]],
-    ids=["math", "exact_match", "case_sensitive", "both", "bad-param", "unknown-param"],
+    [[MATH], [EXACT], [CASED], [MATH, EXACT], [NO_TIME], [UNKNOWN], [NUMERIC], [LOOSE], [BAD_TOL], [NUMERIC, MATH]],
+    ids=[
+        "math",
+        "exact_match",
+        "case_sensitive",
+        "both",
+        "bad-param",
+        "unknown-param",
+        "numeric",
+        "numeric-rel_tol",
+        "numeric-bad-param",
+        "numeric-and-math",
+    ],
 )
 async def test_every_verdict_is_the_grader_processes(
     pool: GraderPool, http: httpx.AsyncClient, graders: list[LocalGrader]
@@ -84,9 +101,17 @@ async def test_every_verdict_is_the_grader_processes(
 async def test_plain_numbers_are_graded_without_a_grader_process(pool: GraderPool, http: httpx.AsyncClient) -> None:
     await pool.close()  # a grader process would now be refused
     fanout = GraderFanout(pool, http, Metrics(), 10.0)
-    source = SourceGraders((MATH, EXACT), (), 0.0)
+    source = SourceGraders((MATH, EXACT, NUMERIC), (), 0.0)
     assert await fanout.grade([(source, GradeInput(prompt="p", completion="<think>…</think>12", answer="12"))]) == [
-        {"math": GraderOutcome.scored(1.0), "exact_match": GraderOutcome.scored(1.0)}
+        {
+            "math": GraderOutcome.scored(1.0),
+            "exact_match": GraderOutcome.scored(1.0),
+            "numeric": GraderOutcome.scored(1.0),
+        }
     ]
     with pytest.raises(GraderPoolError, match="shut down"):
         await fanout.grade([(source, GradeInput(prompt="p", completion="x^2", answer="x^2"))])
+    # numeric walks a completion character by character: a long one is left to a grader process.
+    numeric = SourceGraders((NUMERIC,), (), 0.0)
+    with pytest.raises(GraderPoolError, match="shut down"):
+        await fanout.grade([(numeric, GradeInput(prompt="p", completion="1" * 20_001, answer="12"))])

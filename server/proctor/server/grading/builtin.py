@@ -561,14 +561,25 @@ def _exact_match_fast(
     return exact_match(sample, case_sensitive=case_sensitive, normalize_whitespace=normalize_whitespace)
 
 
+# numeric's reading of a completion walks the last \boxed{} character by character: beyond this length the
+# walk could hold the event loop for milliseconds, so longer completions go to a grader process.
+_NUMERIC_FAST_CHARS = 20_000
+
+
+def _numeric_fast(sample: GradeInput, /, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> float | None:
+    if sample.answer is None or len(sample.response) > _NUMERIC_FAST_CHARS:
+        return None  # a missing reference is the grader's own error, from a grader process
+    return numeric(sample, rel_tol=rel_tol, abs_tol=abs_tol)
+
+
 FAST_VERDICTS: Mapping[str, Callable[..., float | None]] = MappingProxyType(
-    {"math": _math_fast, "exact_match": _exact_match_fast}
+    {"math": _math_fast, "exact_match": _exact_match_fast, "numeric": _numeric_fast}
 )
 """Built-in graders whose verdict the server may reach in its own process, where it is cheap and bounded: a
-few string operations and linear-time regular expressions over a completion of bounded length, and exact
-arithmetic on numbers of at most 4,300 digits (Python's limit for reading one). ``fn(sample, **params)`` is
-the grader's score, or ``None`` where only the grader process can decide (``math`` handing over to
-math-verify, a missing reference, a bad parameter)."""
+few string operations and linear-time regular expressions over a completion of bounded length, exact
+arithmetic on numbers of at most 4,300 digits (Python's limit for reading one), and floating-point
+comparison. ``fn(sample, **params)`` is the grader's score, or ``None`` where only the grader process can
+decide (``math`` handing over to math-verify, a missing reference, a bad parameter, a long completion)."""
 
 
 BUILTIN_GRADERS: Mapping[str, GraderFn] = MappingProxyType(
