@@ -156,7 +156,9 @@ def compose_implementation(version: str) -> list[str]:
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 @pytest.mark.parametrize(
-    "profiles", [[], ["train"], ["monitoring"], ["cluster"]], ids=["default", "train", "monitoring", "cluster"]
+    "profiles",
+    [[], ["train"], ["monitoring"], ["cluster"], ["sandbox"]],
+    ids=["default", "train", "monitoring", "cluster", "sandbox"],
 )
 def test_both_compose_implementations_accept_the_file(profiles: list[str], version: str) -> None:
     args = [a for p in profiles for a in ("--profile", p)]
@@ -177,6 +179,12 @@ def test_both_compose_implementations_accept_the_file(profiles: list[str], versi
         port = services["balancer"]["ports"][0]  # v1 keeps the short form, v2 writes the long one
         short = port if isinstance(port, str) else f"{port['host_ip']}:{port['published']}:{port['target']}"
         assert short.removesuffix("/tcp") == "127.0.0.1:8080:8000"
+    if profiles == ["sandbox"]:
+        # Only the code-worker, whose sandbox makes namespaces and mounts, has the privilege to.
+        worker = services["code-worker"]
+        assert worker["command"] == ["grade-worker", "--server", "http://dataserver:8000"]
+        assert (worker["user"], worker["cap_add"]) == ("root", ["SYS_ADMIN"])
+        assert "cap_add" not in services["dataserver"] and "user" not in services["dataserver"]
 
 
 def test_the_cluster_balancer_is_the_one_the_docs_show_and_the_tests_run() -> None:

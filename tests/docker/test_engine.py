@@ -1,7 +1,8 @@
 """docker/ on a real Docker engine: the image built, compose's dataserver up, the docs' curl tour against the
-container, its state kept across a stop and a start (with ``docker-compose`` v1); then the cluster profile (with
-``docker compose`` v2): PostgreSQL, two servers of it behind nginx, two grade-worker containers that do the
-grading, and the serving server killed, the other taking over.
+container, its state kept across a stop and a start (with ``docker-compose`` v1); the python_code curriculum,
+whose programs the unprivileged dataserver refuses to run and the sandbox profile's code-worker runs isolated;
+then the cluster profile (with ``docker compose`` v2): PostgreSQL, two servers of it behind nginx, two
+grade-worker containers that do the grading, and the serving server killed, the other taking over.
 
 The base image comes from Debian's packages (``docker/debian-base.sh``: debootstrap, then ``docker import``), or
 from ``PROCTOR_TEST_BASE_IMAGE`` where a registry is reachable (``python:3.11-slim``); the cluster's postgres and
@@ -84,8 +85,9 @@ class Deployment:
     implementation: list[str]  # docker-compose (v1), or docker compose (v2)
 
     def compose(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        # The cluster profile named always: `up` starts what is asked for, and `down` stops all of it.
-        command = [*self.implementation, "-f", str(COMPOSE), "-p", self.project, "--profile", "cluster"]
+        # The profiles named always: `up` starts what is asked for, and `down` stops all of it.
+        command = [*self.implementation, "-f", str(COMPOSE), "-p", self.project]
+        command += ["--profile", "cluster", "--profile", "sandbox"]
         command += args
         run = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
         assert run.returncode == 0, f"{' '.join(args)}:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
@@ -190,6 +192,60 @@ def test_the_state_survives_a_stop_and_a_start(deployment: Deployment) -> None:
     logs = deployment.compose("logs", "--no-color", "dataserver").stdout
     assert "stopped: grader processes ended" in logs  # the stop was a clean shutdown
     assert "GET /healthz" not in logs  # the health checks stay out of the INFO log
+
+
+CODE = "/app/curricula/python_code.yaml"
+# Programs that reach beyond their sandbox: each test of theirs errs, where the reference solution's pass.
+REACHING_OUT = {
+    "network": "import socket\nsocket.create_connection(('dataserver', 8000), timeout=2)\n",
+    "write": "open('/tmp/escaped', 'w').write('out')\n",
+}
+
+
+def code_items(batch: dict[str, object]) -> list[dict[str, object]]:
+    """For each sampled function: its reference solution (index 0), then each program of ``REACHING_OUT``
+    followed by the solution."""
+    records = (ROOT / "curricula" / "data" / "python_functions.jsonl").read_text().splitlines()
+    items: list[dict[str, object]] = []
+    for s in batch["samples"]:  # type: ignore[attr-defined]
+        solution = json.loads(records[int(s["sample_id"].rsplit(":", 1)[1])])["answer"]
+        programs = [solution, *(prelude + solution for prelude in REACHING_OUT.values())]
+        for n, program in enumerate(programs):
+            item = {"sample_id": s["sample_id"], "slot": s["slot"], "completion_index": n}
+            items.append({**item, "completion": f"```python\n{program}```"})
+    return items
+
+
+def test_code_is_refused_by_the_dataserver_and_run_isolated_by_the_sandbox_profile(image: str) -> None:
+    """The dataserver runs as an unprivileged user: its grader refuses to run programs, saying what to change.
+    With the sandbox profile the code-worker container grades them, each run in namespaces and a uid of its
+    own: the reference solutions pass, and a program reaching the network or writing outside its directory
+    fails every test."""
+    body = {"iteration": 0, "batch_size": 2}
+    with deployed(image, "code", "dataserver", implementation=compose_v1(), PROCTOR_CURRICULUM=CODE) as d:
+        batch = httpx.post(d.url + "/sample", json=body, timeout=30).json()
+        results = httpx.post(d.url + "/grade", json={"iteration": 0, "items": code_items(batch)}, timeout=60).json()
+        for r in results["results"]:
+            assert r["reward"] == 0.0
+            assert "needs namespaces isolation, this machine gives rlimits" in r["error"], r["error"]
+            assert "docker/compose.yaml's sandbox profile" in r["error"]
+    up = ["dataserver", "code-worker"]
+    with deployed(
+        image, "sandbox", *up, implementation=compose_v1(), PROCTOR_GRADER_WORKERS="0", PROCTOR_CURRICULUM=CODE
+    ) as d:
+        batch = httpx.post(d.url + "/sample", json=body, timeout=30).json()
+        items = code_items(batch)
+        graded = answers(lambda: httpx.post(d.url + "/grade", json={"iteration": 0, "items": items}, timeout=120), d)
+        assert graded.status_code == 200, graded.text
+        for item, r in zip(items, graded.json()["results"], strict=True):
+            code = r["details"]["code"]
+            assert r["error"] is None and code["isolation"] == "namespaces", r
+            if item["completion_index"] == 0:
+                assert r["reward"] == 1.0, r
+            else:
+                assert r["reward"] == 0.0 and set(code["tests"]) == {"error"}, r
+        worker = d.compose("ps", "-q", "code-worker").stdout.strip()
+        assert docker("exec", worker, "test", "-e", "/tmp/escaped", check=False).returncode == 1
 
 
 def test_the_cluster_serves_through_its_balancer_and_survives_losing_its_serving_server(
