@@ -183,7 +183,7 @@ def test_both_compose_implementations_accept_the_file(profiles: list[str], versi
         # Only the code-worker, whose sandbox makes namespaces and mounts, has the privilege to.
         worker = services["code-worker"]
         assert worker["command"] == ["grade-worker", "--server", "http://dataserver:8000"]
-        assert (worker["user"], worker["cap_add"]) == ("root", ["SYS_ADMIN"])
+        assert (worker["user"], worker["cap_add"], worker["init"]) == ("root", ["SYS_ADMIN"], True)
         assert "cap_add" not in services["dataserver"] and "user" not in services["dataserver"]
 
 

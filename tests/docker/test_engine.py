@@ -202,14 +202,18 @@ REACHING_OUT = {
 }
 
 
+# A program that passes, and leaves a process running for the sandbox to kill (and the container's init to reap).
+LEAVING = "import subprocess\nsubprocess.Popen(['sleep', '300'])\n"
+
+
 def code_items(batch: dict[str, object]) -> list[dict[str, object]]:
-    """For each sampled function: its reference solution (index 0), then each program of ``REACHING_OUT``
-    followed by the solution."""
+    """For each sampled function: its reference solution (index 0), the solution after ``LEAVING`` (index 1),
+    then each program of ``REACHING_OUT`` followed by the solution."""
     records = (ROOT / "curricula" / "data" / "python_functions.jsonl").read_text().splitlines()
     items: list[dict[str, object]] = []
     for s in batch["samples"]:  # type: ignore[attr-defined]
         solution = json.loads(records[int(s["sample_id"].rsplit(":", 1)[1])])["answer"]
-        programs = [solution, *(prelude + solution for prelude in REACHING_OUT.values())]
+        programs = [solution, LEAVING + solution, *(prelude + solution for prelude in REACHING_OUT.values())]
         for n, program in enumerate(programs):
             item = {"sample_id": s["sample_id"], "slot": s["slot"], "completion_index": n}
             items.append({**item, "completion": f"```python\n{program}```"})
@@ -240,12 +244,48 @@ def test_code_is_refused_by_the_dataserver_and_run_isolated_by_the_sandbox_profi
         for item, r in zip(items, graded.json()["results"], strict=True):
             code = r["details"]["code"]
             assert r["error"] is None and code["isolation"] == "namespaces", r
-            if item["completion_index"] == 0:
+            if item["completion_index"] in (0, 1):
                 assert r["reward"] == 1.0, r
             else:
                 assert r["reward"] == 0.0 and set(code["tests"]) == {"error"}, r
         worker = d.compose("ps", "-q", "code-worker").stdout.strip()
         assert docker("exec", worker, "test", "-e", "/tmp/escaped", check=False).returncode == 1
+        # Nothing of the runs' uids is left, not even a zombie.
+        left = "import os; print([p for p in os.listdir('/proc') if p.isdigit() and os.stat('/proc/' + p).st_uid >= 1_900_000])"
+        assert docker("exec", worker, "python", "-c", left).stdout.strip() == "[]"
+
+
+# Run in the image as root without CAP_SYS_ADMIN (Docker's default): the sandbox's uid isolation, and what it keeps.
+UID_LEVEL = """
+import json, os, subprocess
+from proctor.server.grading.sandbox import Isolation, SandboxLimits, SandboxUnavailable, available_isolation, run_program
+program = "import os, subprocess\\nsubprocess.Popen(['sleep', '300'])\\nopen('/tmp/uid-level', 'w').write('x')\\n"
+tests = ["assert os.getuid() >= 1_900_000", "assert os.getuid() != 0"]
+run = run_program(program, tests, SandboxLimits(), require=Isolation.UID)
+left = [p for p in os.listdir('/proc') if p.isdigit() and os.stat(f'/proc/{p}').st_uid >= 1_900_000]
+try:
+    run_program("pass", ["pass"], SandboxLimits())
+    refused = ""
+except SandboxUnavailable as exc:
+    refused = str(exc)
+print(json.dumps({"level": available_isolation().name, "verdicts": run.verdicts, "isolation": run.isolation.name,
+                  "wrote": os.path.exists('/tmp/uid-level'), "left": left, "refused": refused}))
+"""
+
+
+def test_the_sandbox_falls_back_to_uid_isolation_as_root_without_the_capability(image: str) -> None:
+    """Root in a container without CAP_SYS_ADMIN: no namespaces, so a run asking for them is refused, naming the
+    fix; one that accepts ``uid`` runs under a uid of its own (it may write to /tmp, as documented), and nothing it
+    started outlives it."""
+    # With an init as PID 1, as the sandbox profile runs (proctor as PID 1 would not reap what the sandbox killed).
+    command = ["run", "--rm", "--init", "--user", "root", "--entrypoint", "python", image, "-c", UID_LEVEL]
+    run = docker(*command, timeout=120)
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["level"] == "UID" and seen["isolation"] == "UID"
+    assert seen["verdicts"] == ["pass", "pass"]
+    assert seen["wrote"] and seen["left"] == []
+    assert "needs namespaces isolation, this machine gives uid" in seen["refused"]
+    assert "docker/compose.yaml's sandbox profile" in seen["refused"]
 
 
 def test_the_cluster_serves_through_its_balancer_and_survives_losing_its_serving_server(
