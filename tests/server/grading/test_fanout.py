@@ -25,6 +25,7 @@ UNKNOWN = LocalGrader("math", "builtin:math", {"digits": 3}, 1.0, False)
 NUMERIC = LocalGrader("numeric", "builtin:numeric", {}, 1.0, False)
 LOOSE = LocalGrader("numeric", "builtin:numeric", {"rel_tol": 0.1}, 1.0, False)
 BAD_TOL = LocalGrader("numeric", "builtin:numeric", {"rel_tol": "tight"}, 1.0, False)
+NUMERIC_UNKNOWN = LocalGrader("numeric", "builtin:numeric", {"digits": 3}, 1.0, False)
 
 # (reference, completion): plain numbers both ways, forms only math-verify reads, text, and hostile ones.
 CASES = [
@@ -70,7 +71,19 @@ def work(graders: Sequence[LocalGrader]) -> list[tuple[SourceGraders, GradeInput
 
 @pytest.mark.parametrize(
     "graders",
-    [[MATH], [EXACT], [CASED], [MATH, EXACT], [NO_TIME], [UNKNOWN], [NUMERIC], [LOOSE], [BAD_TOL], [NUMERIC, MATH]],
+    [
+        [MATH],
+        [EXACT],
+        [CASED],
+        [MATH, EXACT],
+        [NO_TIME],
+        [UNKNOWN],
+        [NUMERIC],
+        [LOOSE],
+        [BAD_TOL],
+        [NUMERIC_UNKNOWN],
+        [NUMERIC, MATH],
+    ],
     ids=[
         "math",
         "exact_match",
@@ -81,6 +94,7 @@ def work(graders: Sequence[LocalGrader]) -> list[tuple[SourceGraders, GradeInput
         "numeric",
         "numeric-rel_tol",
         "numeric-bad-param",
+        "numeric-unknown-param",
         "numeric-and-math",
     ],
 )

@@ -566,10 +566,10 @@ def _exact_match_fast(
 _NUMERIC_FAST_CHARS = 20_000
 
 
-def _numeric_fast(sample: GradeInput, /, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> float | None:
+def _numeric_fast(sample: GradeInput, /, **params: Any) -> float | None:
     if sample.answer is None or len(sample.response) > _NUMERIC_FAST_CHARS:
         return None  # a missing reference is the grader's own error, from a grader process
-    return numeric(sample, rel_tol=rel_tol, abs_tol=abs_tol)
+    return numeric(sample, **params)
 
 
 FAST_VERDICTS: Mapping[str, Callable[..., float | None]] = MappingProxyType(
