@@ -1,7 +1,7 @@
 """docker/ on a real Docker engine: the image built, compose's dataserver up, the docs' curl tour against the
 container, its state kept across a stop and a start (with ``docker-compose`` v1); the python_code curriculum,
 whose programs the unprivileged dataserver refuses to run and the sandbox profile's code-worker runs isolated;
-then the cluster profile (with ``docker compose`` v2): PostgreSQL, two servers of it behind nginx, two
+an image built with the procedural extras serving their sources; then the cluster profile (with ``docker compose`` v2): PostgreSQL, two servers of it behind nginx, two
 grade-worker containers that do the grading, and the serving server killed, the other taking over.
 
 The base image comes from Debian's packages (``docker/debian-base.sh``: debootstrap, then ``docker import``), or
@@ -63,6 +63,20 @@ def image() -> str:
     built = subprocess.run(["docker", *args, "-t", IMAGE, "."], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return IMAGE
+
+
+EXTRAS_IMAGE = "proctor-e2e-extras:test"
+
+
+@pytest.fixture(scope="module")
+def extras_image(image: str) -> str:
+    """The dataserver's image with the procedural extras (``--build-arg EXTRAS=…``), on the same base."""
+    base = os.environ.get("PROCTOR_TEST_BASE_IMAGE", BASE)
+    args = ["build", "-f", "docker/Dockerfile", "--target", "server", "--build-arg", f"BASE_IMAGE={base}"]
+    args += ["--build-arg", "EXTRAS=reasoning-gym,reasoning-core", "-t", EXTRAS_IMAGE, "."]
+    built = subprocess.run(["docker", *args], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return EXTRAS_IMAGE
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +300,61 @@ def test_the_sandbox_falls_back_to_uid_isolation_as_root_without_the_capability(
     assert seen["wrote"] and seen["left"] == []
     assert "needs namespaces isolation, this machine gives uid" in seen["refused"]
     assert "docker/compose.yaml's sandbox profile" in seen["refused"]
+
+
+PROCEDURAL = """\
+name: procedural
+seed: 5
+sources:
+  sums: {kind: reasoning_gym, dataset: chain_sum, size: 100, graders: [reasoning_gym]}
+  logic: {kind: reasoning_core, task: arithmetics, level: 0, size: 100, graders: [reasoning_core]}
+stages:
+  - name: both
+    until_step: 10
+    mix: [{source: sums, weight: 1.0}, {source: logic, weight: 1.0}]
+"""
+
+
+def test_an_image_built_with_the_procedural_extras_serves_and_grades_their_sources(
+    extras_image: str, tmp_path: Path
+) -> None:
+    """``--build-arg EXTRAS=reasoning-gym,reasoning-core``: the shipped reasoning ladder and a curriculum of both
+    kinds serve, and each record's own answer grades 1.0 there (the answers read from the same curricula here)."""
+    from proctor.server.curriculum.loader import load_curriculum
+    from proctor.server.shipped import builtin_path
+    from proctor.server.sources.base import SampleId
+
+    (tmp_path / "procedural.yaml").write_text(PROCEDURAL)
+    tmp_path.chmod(0o755)
+    for path, inside in [
+        (builtin_path("reasoning_ladder"), "/app/curricula/reasoning_ladder.yaml"),
+        (tmp_path / "procedural.yaml", "/extra/procedural.yaml"),
+    ]:
+        port = free_port()
+        run = ["run", "-d", "--init", "-p", f"127.0.0.1:{port}:8000", "-v", f"{tmp_path}:/extra:ro"]
+        container = docker(*run, "-e", f"PROCTOR_CURRICULUM={inside}", extras_image).stdout.strip()
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 120  # a liveness bound: the server loads the curriculum first
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(url + "/healthz", timeout=5).status_code == 200:
+                        break
+                assert time.monotonic() < deadline, logs(container)[-3000:]
+                time.sleep(0.5)
+            curriculum = load_curriculum(path)
+            batch = httpx.post(url + "/sample", json={"iteration": 0, "batch_size": 8}, timeout=60).json()
+            items = []
+            for s in batch["samples"]:
+                sid = SampleId.parse(s["sample_id"])
+                answer = curriculum.sources[sid.source].record(sid.key).answer
+                completion = f"<think>reasoning</think><answer>{answer}</answer>"
+                items.append({"sample_id": s["sample_id"], "slot": s["slot"], "completion": completion})
+            graded = httpx.post(url + "/grade", json={"iteration": 0, "items": items}, timeout=120)
+            assert graded.status_code == 200, graded.text
+            assert [(r["reward"], r["error"]) for r in graded.json()["results"]] == [(1.0, None)] * len(items)
+        finally:
+            docker("rm", "-f", container)
 
 
 def test_the_cluster_serves_through_its_balancer_and_survives_losing_its_serving_server(
