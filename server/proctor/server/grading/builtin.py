@@ -567,9 +567,9 @@ _NUMERIC_FAST_CHARS = 20_000
 
 
 def _numeric_fast(sample: GradeInput, /, **params: Any) -> float | None:
-    if sample.answer is None or len(sample.response) > _NUMERIC_FAST_CHARS:
-        return None  # a missing reference is the grader's own error, from a grader process
-    return numeric(sample, **params)
+    # A missing reference or a bad param raises ValueError or TypeError: the fanout leaves those to a grader
+    # process, which says what is wrong.
+    return None if len(sample.response) > _NUMERIC_FAST_CHARS else numeric(sample, **params)
 
 
 FAST_VERDICTS: Mapping[str, Callable[..., float | None]] = MappingProxyType(
