@@ -148,12 +148,12 @@ def run_program(
         raise SandboxUnavailable(
             f"the sandbox needs {require.name.lower()} isolation, this machine gives {level.name.lower()}: "
             + (
-                "grade as root (the server, or a proctor grade-worker"
+                "grade as root (the server, or a proctor grade-worker)"
                 if level == Isolation.RLIMITS
-                else "allow namespaces (CAP_SYS_ADMIN, and seccomp and AppArmor profiles that allow unshare and mount"
+                else "allow namespaces (CAP_SYS_ADMIN, and seccomp and AppArmor profiles that allow unshare and mount)"
             )
-            + "; in Docker, docker/compose.yaml's sandbox profile does)"
-            + ", or lower the grader's `isolation` param (the docs say what each level keeps out)"
+            + " as docker/compose.yaml's sandbox profile does in Docker, or lower the grader's `isolation` param "
+            "(the docs say what each level keeps out)"
         )
     return _run(code, tests, limits, level, python)
 
