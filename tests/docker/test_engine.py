@@ -1,8 +1,9 @@
 """docker/ on a real Docker engine: the image built, compose's dataserver up, the docs' curl tour against the
 container, its state kept across a stop and a start (with ``docker-compose`` v1); the python_code curriculum,
 whose programs the unprivileged dataserver refuses to run and the sandbox profile's code-worker runs isolated;
-an image built with the procedural extras serving their sources; then the cluster profile (with ``docker compose`` v2): PostgreSQL, two servers of it behind nginx, two
-grade-worker containers that do the grading, and the serving server killed, the other taking over.
+an image built with the procedural extras serving their sources; then the cluster profile (with ``docker
+compose`` v2): PostgreSQL, two servers of it behind nginx, two grade-worker containers that do the grading, and
+the serving server killed, the other taking over.
 
 The base image comes from Debian's packages (``docker/debian-base.sh``: debootstrap, then ``docker import``), or
 from ``PROCTOR_TEST_BASE_IMAGE`` where a registry is reachable (``python:3.11-slim``); the cluster's postgres and
@@ -13,6 +14,7 @@ nginx images are built on it from Debian's packages too (``tests/docker/services
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -111,14 +113,18 @@ class Deployment:
         return self.compose("ps", "-q", "dataserver").stdout.strip()
 
     def wait_until_healthy(self) -> None:
-        """Up, and healthy by the image's own health check (as Docker runs it)."""
-        deadline = time.monotonic() + 180  # a liveness bound: the first health check comes 10 s after start
-        while True:
-            status = docker("inspect", "--format", "{{.State.Health.Status}}", self.container()).stdout.strip()
-            if status == "healthy":
-                return
-            assert time.monotonic() < deadline, f"the dataserver is {status}:\n{self.compose('logs').stdout[-3000:]}"
-            time.sleep(1)
+        wait_until_healthy(self.container(), lambda: self.compose("logs").stdout)
+
+
+def wait_until_healthy(container: str, output: Callable[[], str]) -> None:
+    """Up, and healthy by the image's own health check (as Docker runs it); ``output`` says why not."""
+    deadline = time.monotonic() + 180  # a liveness bound: the first health check comes 10 s after start
+    while True:
+        status = docker("inspect", "--format", "{{.State.Health.Status}}", container).stdout.strip()
+        if status == "healthy":
+            return
+        assert time.monotonic() < deadline, f"the dataserver is {status}:\n{output()[-3000:]}"
+        time.sleep(1)
 
 
 def compose_v1() -> list[str]:
@@ -209,6 +215,8 @@ def test_the_state_survives_a_stop_and_a_start(deployment: Deployment) -> None:
 
 
 CODE = "/app/curricula/python_code.yaml"
+# The processes of the sandbox's uids (its runs take uids from 1,900,000 on), zombies included, as a Python line.
+LEFT_BEHIND = "[p for p in os.listdir('/proc') if p.isdigit() and os.stat('/proc/' + p).st_uid >= 1_900_000]"
 # Programs that reach beyond their sandbox: each test of theirs errs, where the reference solution's pass.
 REACHING_OUT = {
     "network": "import socket\nsocket.create_connection(('dataserver', 8000), timeout=2)\n",
@@ -265,25 +273,24 @@ def test_code_is_refused_by_the_dataserver_and_run_isolated_by_the_sandbox_profi
         worker = d.compose("ps", "-q", "code-worker").stdout.strip()
         assert docker("exec", worker, "test", "-e", "/tmp/escaped", check=False).returncode == 1
         # Nothing of the runs' uids is left, not even a zombie.
-        left = "import os; print([p for p in os.listdir('/proc') if p.isdigit() and os.stat('/proc/' + p).st_uid >= 1_900_000])"
-        assert docker("exec", worker, "python", "-c", left).stdout.strip() == "[]"
+        assert docker("exec", worker, "python", "-c", f"import os; print({LEFT_BEHIND})").stdout.strip() == "[]"
 
 
 # Run in the image as root without CAP_SYS_ADMIN (Docker's default): the sandbox's uid isolation, and what it keeps.
-UID_LEVEL = """
+UID_LEVEL = f"""
 import json, os, subprocess
 from proctor.server.grading.sandbox import Isolation, SandboxLimits, SandboxUnavailable, available_isolation, run_program
 program = "import os, subprocess\\nsubprocess.Popen(['sleep', '300'])\\nopen('/tmp/uid-level', 'w').write('x')\\n"
 tests = ["assert os.getuid() >= 1_900_000", "assert os.getuid() != 0"]
 run = run_program(program, tests, SandboxLimits(), require=Isolation.UID)
-left = [p for p in os.listdir('/proc') if p.isdigit() and os.stat(f'/proc/{p}').st_uid >= 1_900_000]
+left = {LEFT_BEHIND}
 try:
     run_program("pass", ["pass"], SandboxLimits())
     refused = ""
 except SandboxUnavailable as exc:
     refused = str(exc)
-print(json.dumps({"level": available_isolation().name, "verdicts": run.verdicts, "isolation": run.isolation.name,
-                  "wrote": os.path.exists('/tmp/uid-level'), "left": left, "refused": refused}))
+print(json.dumps({{"level": available_isolation().name, "verdicts": run.verdicts, "isolation": run.isolation.name,
+                  "wrote": os.path.exists('/tmp/uid-level'), "left": left, "refused": refused}}))
 """
 
 
@@ -325,7 +332,7 @@ def test_an_image_built_with_the_procedural_extras_serves_and_grades_their_sourc
     from proctor.server.sources.base import SampleId
 
     (tmp_path / "procedural.yaml").write_text(PROCEDURAL)
-    tmp_path.chmod(0o755)
+    tmp_path.chmod(0o755)  # mounted into the container, whose server runs as another user
     for path, inside in [
         (builtin_path("reasoning_ladder"), "/app/curricula/reasoning_ladder.yaml"),
         (tmp_path / "procedural.yaml", "/extra/procedural.yaml"),
@@ -335,13 +342,7 @@ def test_an_image_built_with_the_procedural_extras_serves_and_grades_their_sourc
         container = docker(*run, "-e", f"PROCTOR_CURRICULUM={inside}", extras_image).stdout.strip()
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 120  # a liveness bound: the server loads the curriculum first
-            while True:
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(url + "/healthz", timeout=5).status_code == 200:
-                        break
-                assert time.monotonic() < deadline, logs(container)[-3000:]
-                time.sleep(0.5)
+            wait_until_healthy(container, functools.partial(logs, container))
             curriculum = load_curriculum(path)
             batch = httpx.post(url + "/sample", json={"iteration": 0, "batch_size": 8}, timeout=60).json()
             items = []
