@@ -6,10 +6,15 @@ Runs alternate (local, remote, local, remote) so that drifts of the machine hit 
 exclude each run's first steps (compilation of the generation path, caches). Besides the step time, the time
 inside the reward function and inside the dataset's fetches is measured directly: those are where the two
 variants differ.
+
+A third variant takes the in-memory dataset and a reward function that posts the step's completions to
+``bench.bare_baseline`` (a minimal FastAPI app that grades them and keeps nothing) over one keep-alive
+connection: what any reward over HTTP costs on the machine, which proctor's figures include.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
@@ -48,6 +53,7 @@ BATCH, GENERATIONS = 8, 4  # 2 prompts × 4 completions per step
 @dataclass
 class Run:
     variant: str
+    added_by: str  # what the variant adds to the local one, in the table's "added by" lines
     step_ms: list[float]
     reward_ms: list[float]
     fetch_ms: list[float]
@@ -109,6 +115,21 @@ def _local_dataset(client: ProctorClient, prompts_per_step: int) -> tuple[datase
     return datasets.Dataset.from_dict(rows), answers
 
 
+def _bare_reward(http: httpx.Client, key_of: dict[str, int]) -> Callable[..., list[float]]:
+    """A reward function that posts the step's completions to the bare baseline's ``/grade``."""
+
+    def bare_reward(completions: list[Any], sample_id: list[str], **_: Any) -> list[float]:
+        items = [
+            {"sample_id": f"rows:{key_of[sid]}", "completion": c[-1]["content"]}
+            for c, sid in zip(completions, sample_id, strict=True)
+        ]
+        response = http.post("/grade", json={"items": items})
+        response.raise_for_status()
+        return [float(r["reward"]) for r in response.json()["results"]]
+
+    return bare_reward
+
+
 def run() -> tuple[list[Run], dict[str, object]]:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # leave a core to the server and its graders
     runs: list[Run] = []
@@ -129,38 +150,63 @@ def run() -> tuple[list[Run], dict[str, object]]:
                     for c, sid in zip(completions, sample_id, strict=True)
                 ]
 
-            runs_served = 0
-            grade_ms: list[float] = []
-            for _ in range(ROUNDS):
-                reward_ms: list[float] = []
-                steps = _train(model, config, local_ds, _timed(local_reward, reward_ms))
-                runs.append(Run("in-memory Dataset + local reward", steps, reward_ms[WARMUP:], [0.0]))
+            # The bare baseline serves the same records as rows:0, rows:1, ... in the order of the local dataset.
+            key_of = {sid: k for k, sid in enumerate(answers)}
+            rows = Path(tmp) / "rows.jsonl"
+            rows.write_text("".join(json.dumps({"question": sid, "answer": a}) + "\n" for sid, a in answers.items()))
+            bare = ServerProcess([str(rows)], log=Path(tmp) / "bare.log", module="bench.bare_baseline", subcommand=None)
 
-                for through in ("grade", "store"):
-                    # A run of its own on the server (same curriculum and seed, so the same prompts): the store
-                    # keeps the latest steps' tables, and a step a run already wrote is another attempt of it.
-                    runs_served += 1
-                    state = str(Path(tmp) / f"run-{runs_served}.db")
-                    fresh = ServerProcess(
-                        [str(builtin_path("arithmetic")), "--database-url", state, "--log-level", "warning"],
-                        log=Path(tmp) / f"server-{runs_served}.log",
-                    )
-                    with fresh, ProctorClient(fresh.url) as remote_client:
-                        reward_ms = []
-                        fetch_ms: list[float] = []
-                        tokenizer = AutoTokenizer.from_pretrained(model)
-                        remote = RemoteRLDataset(remote_client, config, processing_class=tokenizer)
-                        # The transform is the only place a step can wait for the server's prompts: time it.
-                        remote.set_transform(_timed(remote.fetcher, fetch_ms))
-                        reward = remote_reward(remote_client, dataset=remote, through=through)
-                        steps = _train(model, config, remote, _timed(reward, reward_ms))
-                        remote.close()
-                        if through == "grade":
-                            grade_ms.append(_server_mean_ms(fresh.url, "/grade"))
-                    path = "/grade" if through == "grade" else "the store"
+            with bare, httpx.Client(base_url=bare.url) as http:
+                runs_served = 0
+                grade_ms: list[float] = []
+                for _ in range(ROUNDS):
+                    reward_ms: list[float] = []
+                    steps = _train(model, config, local_ds, _timed(local_reward, reward_ms))
+                    runs.append(Run("in-memory Dataset + local reward", "", steps, reward_ms[WARMUP:], [0.0]))
+
+                    reward_ms = []
+                    steps = _train(model, config, local_ds, _timed(_bare_reward(http, key_of), reward_ms))
                     runs.append(
-                        Run(f"RemoteRLDataset + remote_reward through {path}", steps, reward_ms[WARMUP:], fetch_ms)
+                        Run(
+                            "in-memory Dataset + a reward posted to a bare server (bench.bare_baseline)",
+                            "a reward over HTTP, to a bare server",
+                            steps,
+                            reward_ms[WARMUP:],
+                            [0.0],
+                        )
                     )
+
+                    for through in ("grade", "store"):
+                        # A run of its own on the server (same curriculum and seed, so the same prompts): the store
+                        # keeps the latest steps' tables, and a step a run already wrote is another attempt of it.
+                        runs_served += 1
+                        state = str(Path(tmp) / f"run-{runs_served}.db")
+                        fresh = ServerProcess(
+                            [str(builtin_path("arithmetic")), "--database-url", state, "--log-level", "warning"],
+                            log=Path(tmp) / f"server-{runs_served}.log",
+                        )
+                        with fresh, ProctorClient(fresh.url) as remote_client:
+                            reward_ms = []
+                            fetch_ms: list[float] = []
+                            tokenizer = AutoTokenizer.from_pretrained(model)
+                            remote = RemoteRLDataset(remote_client, config, processing_class=tokenizer)
+                            # The transform is the only place a step can wait for the server's prompts: time it.
+                            remote.set_transform(_timed(remote.fetcher, fetch_ms))
+                            reward = remote_reward(remote_client, dataset=remote, through=through)
+                            steps = _train(model, config, remote, _timed(reward, reward_ms))
+                            remote.close()
+                            if through == "grade":
+                                grade_ms.append(_server_mean_ms(fresh.url, "/grade"))
+                        path = "/grade" if through == "grade" else "the store"
+                        runs.append(
+                            Run(
+                                f"RemoteRLDataset + remote_reward through {path}",
+                                f"the dataserver, through {path}",
+                                steps,
+                                reward_ms[WARMUP:],
+                                fetch_ms,
+                            )
+                        )
             server_grade_ms = statistics.mean(grade_ms)
     env: dict[str, object] = {
         "cpus": os.cpu_count(),
@@ -193,6 +239,7 @@ def table(runs: list[Run]) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     medians: dict[str, float] = {}
+    added_by = {r.variant: r.added_by for r in runs}
     for variant, rs in by_variant.items():
         steps = [t for r in rs for t in r.step_ms]
         rewards = [t for r in rs for t in r.reward_ms]
@@ -205,10 +252,8 @@ def table(runs: list[Run]) -> str:
         )
     local = next(iter(medians.values()))
     for variant, remote in list(medians.items())[1:]:
-        path = variant.rsplit(" through ", 1)[-1]
         lines.append(
-            f"| **added by the dataserver, through {path}** | | **{remote - local:+.1f}** ({remote / local:.3f}×) "
-            "| | | |"
+            f"| **added by {added_by[variant]}** | | **{remote - local:+.1f}** ({remote / local:.3f}×) | | | |"
         )
     return "\n".join(lines)
 

@@ -93,6 +93,37 @@ def test_the_grader_role_grades_what_a_trainer_writes_and_counts_it_once(live_se
         assert graded(url) == len(ROWS)
 
 
+def test_a_write_with_read_answers_the_grader_roles_rewards_of_its_rows(live_server: Callable[..., Any]) -> None:
+    with live_server() as url, ExperienceClient(url) as experience:
+        sample(url, 0)
+        experience.open(0, slots=SLOTS, group_size=GROUP)
+        answers = experience.read(0, ROWS, ["reference"])["reference"]
+        texts = [str(r["answer"]) if k == 0 else "no idea" for (_, k), r in zip(ROWS, answers, strict=True)]
+        columns = {"completion": texts, "completion_tokens": [3] * len(ROWS)}
+        got = experience.put_and_read(0, ROWS, columns, ["reward", "reward_detail"], wait_s=30)
+        assert got["reward"] == [1.0 if k == 0 else 0.0 for _, k in ROWS]
+        assert got["reward_detail"][0] == {"components": {"numeric": 1.0}, "error": None}
+        assert graded(url) == len(ROWS)
+        # Written again with its read: the same answer, nothing counted twice.
+        assert experience.put_and_read(0, ROWS, columns, ["reward", "reward_detail"], wait_s=30) == got
+        assert graded(url) == len(ROWS)
+        # More rows than one request takes: a write, then a read.
+        split = ExperienceClient(client=experience.client, rows_per_request=2)
+        assert split.put_and_read(0, ROWS, columns, ["reward", "reward_detail"], wait_s=30) == got
+
+        # A column nothing writes: the cells are written, and the read is the 409 of a read that does not wait.
+        sample(url, 1)
+        body = {"rows": [[0, 0]], "columns": {"completion": {"values": ["7"]}}, "read": ["advantage"]}
+        answer = httpx.post(url + "/experience/tables/1/rows", json=body)
+        assert (answer.status_code, answer.json()["code"]) == (409, "cells_missing")
+        assert experience.read(1, [(0, 0)], ["completion"]) == {"completion": ["7"]}
+        plain = httpx.post(url + "/experience/tables/1/rows", json={k: body[k] for k in ("rows", "columns")})
+        assert (plain.status_code, plain.content) == (204, b"")
+        bad = httpx.post(url + "/experience/tables/1/rows", json={**body, "wait_s": 61})
+        assert bad.status_code == 422
+        assert bad.json()["detail"].startswith("wait_s: ")
+
+
 def test_grade_for_an_open_table_goes_through_the_store(live_server: Callable[..., Any]) -> None:
     with live_server() as url, ExperienceClient(url) as experience:
         samples = sample(url, 0)

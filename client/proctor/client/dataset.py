@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from proctor.wire.dataserver import Sample
 __all__ = ["GenerationLayout", "RemoteRLDataset"]
 
 
-# Generation steps remote_reward prefetches while a step is graded (_StepFetcher.prefetch_after).
+# Generation steps remote_reward prefetches once a step is graded (_StepFetcher.prefetch_after).
 PREFETCH_DEPTH = 2
 
 
@@ -130,6 +131,9 @@ class _StepFetcher:
         self._refill_rounds: dict[int, int] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proctor-prefetch")
+        # Called in the fetch thread with each step fetched: remote_reward opens the step's table there, off the
+        # training step's critical path. A copy has none (its rows are never posted).
+        self.on_fetch: Callable[[int], None] | None = None
 
     def step_samples(self, step: int) -> list[Sample]:
         """The prompts of generation step ``step`` (one ``/sample`` per step, then from the cache)."""
@@ -156,9 +160,9 @@ class _StepFetcher:
     def prefetch_after(self, step: int, depth: int = PREFETCH_DEPTH) -> None:
         """Start fetching the ``depth`` steps after ``step`` that are not cached yet.
 
-        :func:`~proctor.client.remote_reward` calls this just before it posts a generation batch to
-        ``/grade``: while the trainer waits for the grades, this thread has the interpreter to itself. Run
-        during generation instead, it would contend with the training loop for the GIL.
+        :func:`~proctor.client.remote_reward` calls this once a generation batch's rewards have arrived: the
+        server answers it while the trainer computes the loss, not beside the grading the trainer waits for,
+        and the fetch stays out of generation, where it would contend with the training loop for the GIL.
         """
         with self._lock:
             for ahead in range(step + 1, min(step + 1 + depth, self.total_steps)):
@@ -182,6 +186,8 @@ class _StepFetcher:
             )
         self._stages[step] = response.stage
         self._refill_rounds[step] = response.refill_rounds
+        if self.on_fetch is not None:
+            self.on_fetch(step)
         return response.samples
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:

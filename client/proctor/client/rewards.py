@@ -19,6 +19,8 @@ Two ways to the graders:
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +30,7 @@ import numpy as np
 
 from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
+from proctor.errors import ProctorError
 from proctor.experience import CellConflictError, CellsMissingError, RowKey, UnknownIterationError
 from proctor.experience import columns as col
 from proctor.wire.dataserver import GradeItem, JudgeGraderSpec, LocalGraderSpec, RemoteGraderSpec
@@ -81,9 +84,10 @@ def remote_reward(
 
     ``through`` picks the way: ``"store"`` (the default with ``dataset``, which it needs for the step's
     layout) or ``"grade"`` (the default without). With ``dataset`` (the run's
-    :class:`~proctor.client.RemoteRLDataset`), the prompts of the next steps are fetched while the server
-    grades this one: the trainer is waiting then anyway, whereas a prefetch during generation competes with
-    it for the interpreter. ``timeout_s`` bounds the wait for the store's rewards.
+    :class:`~proctor.client.RemoteRLDataset`), the prompts of the next steps are fetched once this step's
+    rewards have arrived, while the trainer computes the loss (beside the grading, they would delay the
+    rewards the trainer waits for; during generation, they would compete with it for the interpreter), and
+    each step's table is opened as its prompts arrive. ``timeout_s`` bounds the wait for the store's rewards.
 
     Needs the ``sample_id``, ``slot``, ``completion_index`` and ``iteration`` columns that
     :class:`~proctor.client.RemoteRLDataset` provides. Logs each grader's mean (``proctor/<grader>``), the
@@ -135,8 +139,11 @@ class RemoteReward:
         self._outside: set[int] = set()  # steps whose tables the store no longer keeps
         # The grades of the latest call's rows: the reward functions of components() share one fetch a step.
         self._last: tuple[tuple[Any, ...], list[_Grade]] | None = None
+        self._tables = threading.Lock()  # _opened and _outside, also written by the dataset's fetch thread
         if dataset is not None:
-            dataset.fetcher.prefetch = False  # prefetching moves here, next to the wait for the graders
+            dataset.fetcher.prefetch = False  # prefetching moves here, after the wait for the graders
+            if through == "store":
+                dataset.fetcher.on_fetch = self._open_ahead
 
     # --- the store's way ------------------------------------------------------------------------------------
 
@@ -153,11 +160,22 @@ class RemoteReward:
         """
         if self.through != "store":
             return
+        for step, (keys, columns) in self._unposted(inputs, completions, completion_ids).items():
+            self._put(step, keys, columns)
+
+    def _unposted(
+        self,
+        inputs: Sequence[Mapping[str, Any]],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None,
+    ) -> dict[int, tuple[list[RowKey], dict[str, list[Any]]]]:
+        """Per step whose table is kept (and opened), the rows of ``inputs`` not posted yet and their columns."""
         by_step: defaultdict[int, list[int]] = defaultdict(list)
         for j, row in enumerate(inputs):
             by_step[int(row["iteration"])].append(j)
         assert self.dataset is not None
         batch = self.dataset.layout.prompts_per_generation
+        unposted: dict[int, tuple[list[RowKey], dict[str, list[Any]]]] = {}
         for step, positions in by_step.items():
             rows = [(int(inputs[j]["slot"]), int(inputs[j]["completion_index"])) for j in positions]
             self._again[step].update(row for row in rows if row[0] >= batch)
@@ -174,23 +192,45 @@ class RemoteReward:
             }
             if completion_ids is not None:
                 columns[col.COMPLETION_IDS] = [np.asarray(completion_ids[positions[n]], np.int32) for n in fresh]
-            keys = [rows[n] for n in fresh]
-            try:
+            unposted[step] = ([rows[n] for n in fresh], columns)
+        if by_step:
+            for step in [s for s in self._posted if s < max(by_step) - 8]:
+                del self._posted[step]  # old steps are never posted again: keep memory bounded
+                self._again.pop(step, None)
+        return unposted
+
+    def _put(
+        self, step: int, keys: list[RowKey], columns: dict[str, list[Any]], *, grades: bool = False
+    ) -> dict[RowKey, _Grade] | None:
+        """Write the rows' columns; with ``grades``, in the same request wait for their grades (a few seconds at
+        most) and return them, or None when they are not all graded by then or some rows are taken."""
+        got: dict[RowKey, _Grade] | None = None
+        try:
+            if grades:
+                names = (col.REWARD, col.REWARD_DETAIL)
+                wait_s = min(self.timeout_s, _WAIT_S)
+                try:
+                    values = self.experience.put_and_read(step, keys, columns, names, wait_s=wait_s)
+                except CellsMissingError:
+                    pass  # written, not graded yet: the caller's read waits on
+                else:
+                    got = {
+                        key: _grade_of(reward, detail)
+                        for key, reward, detail in zip(keys, values[col.REWARD], values[col.REWARD_DETAIL], strict=True)
+                    }
+            else:
                 self.experience.put(step, keys, columns)
-            except CellConflictError:
-                # The step was generated again (a run resumed mid-generation): rows that hold the first
-                # attempt's completions keep them, and the new ones are graded as loose completions.
-                again = self._held_by_others(step, keys, columns[col.COMPLETION])
-                keep = [m for m, key in enumerate(keys) if key not in again]
-                if keep:
-                    self.experience.put(
-                        step, [keys[m] for m in keep], {k: [v[m] for m in keep] for k, v in columns.items()}
-                    )
-                self._again[step].update(again)
-            self._posted[step].update(rows[n] for n in fresh)
-        for step in [s for s in self._posted if s < max(by_step) - 8]:
-            del self._posted[step]  # old steps are never posted again: keep memory bounded
-            self._again.pop(step, None)
+        except CellConflictError:
+            # The step was generated again (a run resumed mid-generation): rows that hold the first
+            # attempt's completions keep them, and the new ones are graded as loose completions.
+            again = self._held_by_others(step, keys, columns[col.COMPLETION])
+            keep = [m for m, key in enumerate(keys) if key not in again]
+            if keep:
+                kept = {name: [cells[m] for m in keep] for name, cells in columns.items()}
+                self.experience.put(step, [keys[m] for m in keep], kept)
+            self._again[step].update(again)
+        self._posted[step].update(keys)
+        return got
 
     def _held_by_others(self, step: int, rows: Sequence[RowKey], texts: Sequence[str]) -> set[RowKey]:
         """Those of ``rows`` that already hold another completion than ``texts``."""
@@ -200,23 +240,32 @@ class RemoteReward:
     def _open(self, step: int) -> bool:
         """Open the step's table; False when the store no longer keeps it (a step older than every table kept:
         its completions are graded through /grade instead)."""
-        if step in self._opened:
-            return True
-        if step in self._outside:
-            return False
+        with self._tables:
+            if step in self._opened:
+                return True
+            if step in self._outside:
+                return False
         assert self.dataset is not None
         layout = self.dataset.layout
         try:
             self.experience.open(step, slots=layout.prompts_per_generation, group_size=layout.num_generations)
         except UnknownIterationError:
-            self._outside.add(step)
-            if len(self._outside) > 64:
-                self._outside.discard(min(self._outside))
+            with self._tables:
+                self._outside.add(step)
+                if len(self._outside) > 64:
+                    self._outside.discard(min(self._outside))
             return False
-        self._opened.add(step)
-        if len(self._opened) > 64:
-            self._opened.discard(min(self._opened))
+        with self._tables:
+            self._opened.add(step)
+            if len(self._opened) > 64:
+                self._opened.discard(min(self._opened))
         return True
+
+    def _open_ahead(self, step: int) -> None:
+        """Open a step's table as the dataset fetches its prompts, so that posting its completions is one
+        request. A failure here is not the step's: the post opens the table again."""
+        with contextlib.suppress(ProctorError):
+            self._open(step)
 
     def _collect(self, step: int, rows: Sequence[RowKey]) -> list[_Grade]:
         """The grades of ``rows``, once the grader role has written them all: the server holds the read until
@@ -235,10 +284,7 @@ class RemoteReward:
                         "grader role running (the server's grader processes, or `proctor grade-worker --server "
                         "URL` when PROCTOR_GRADER_WORKERS=0)?"
                     ) from None
-        grades: list[_Grade] = []
-        for reward, detail in zip(values[col.REWARD], values[col.REWARD_DETAIL], strict=True):
-            grades.append((float(reward), *col.parse_reward_detail(detail)))
-        return grades
+        return [_grade_of(r, d) for r, d in zip(values[col.REWARD], values[col.REWARD_DETAIL], strict=True)]
 
     # --- /grade's way ---------------------------------------------------------------------------------------
 
@@ -344,14 +390,17 @@ class RemoteReward:
         by_step: defaultdict[int, list[int]] = defaultdict(list)
         for j, step in enumerate(iteration):
             by_step[int(step)].append(j)
+        answered: dict[int, dict[RowKey, _Grade]] = {}
         if self.through == "store":
             rows = [
                 {"iteration": iteration[j], "slot": slot[j], "completion_index": completion_index[j]}
                 for j in range(len(completions))
             ]
-            self.post(rows, completions, completion_ids)  # a no-op for what the trainer posted already
-        if self.dataset is not None:
-            self.dataset.fetcher.prefetch_after(max(by_step))
+            # What the trainer posted already is not posted again; the rest is written with its grades read back.
+            for step, (keys, columns) in self._unposted(rows, completions, completion_ids).items():
+                read_back = self._put(step, keys, columns, grades=True)
+                if read_back is not None:
+                    answered[step] = read_back
         grades: list[_Grade | None] = [None] * len(completions)
         for step, positions in by_step.items():
             again = self._again.get(step, set())
@@ -359,7 +408,9 @@ class RemoteReward:
             if step in self._outside:
                 stored = []
             if self.through == "store" and stored:
-                found = self._collect(step, [(int(slot[j]), int(completion_index[j])) for j in stored])
+                keys = [(int(slot[j]), int(completion_index[j])) for j in stored]
+                have = answered.get(step, {})
+                found = [have[k] for k in keys] if all(k in have for k in keys) else self._collect(step, keys)
                 for j, got in zip(stored, found, strict=True):
                     grades[j] = got
                 positions = [j for j in positions if (int(slot[j]), int(completion_index[j])) in again]
@@ -377,6 +428,8 @@ class RemoteReward:
                 for j, got in zip(positions, self._grade(step, items), strict=True):
                     grades[j] = got
 
+        if self.dataset is not None:
+            self.dataset.fetcher.prefetch_after(max(by_step))
         done: list[_Grade] = []
         components: defaultdict[str, list[float]] = defaultdict(list)
         for grade in grades:
@@ -427,3 +480,8 @@ def _text(completion: Any) -> str:
     if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
         return str(completion[-1].get("content", ""))
     raise TypeError(f"cannot read a completion of type {type(completion).__name__}")
+
+
+def _grade_of(reward: Any, detail: Any) -> _Grade:
+    """A grade from its row's ``reward`` and ``reward_detail`` cells."""
+    return (float(reward), *col.parse_reward_detail(detail))

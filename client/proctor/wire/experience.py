@@ -156,6 +156,17 @@ class ConsumerBody(_Wire):
 class PutRequest(_Wire):
     rows: Annotated[list[_Row], Field(max_length=MAX_ROWS)] = Field(description="(slot, index) of each row.")
     columns: Annotated[dict[_Name, WireColumn], Field(max_length=64)]
+    read: Annotated[list[_Name], Field(max_length=64)] = Field(
+        default_factory=list,
+        description="Columns to answer for these rows once all are written (such as the grader role's rewards, "
+        "for the completions written): a 200 with their values, as a read's. None: a 204 at once.",
+    )
+    wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=60,
+        description="With read, how long to wait for its cells to be written before the 409.",
+    )
 
 
 class ReadRequest(_Wire):

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from proctor.experience import ExperienceStore
+from proctor.server.dataserver import Dataserver
 from proctor.server.deps import DataserverDep, json_body
 from proctor.server.errors import error_responses
 from proctor.server.openapi import request_body
@@ -82,16 +83,23 @@ async def get_table(iteration: IterationPath, server: DataserverDep) -> Response
     "/tables/{iteration}/rows",
     status_code=204,
     openapi_extra=request_body(dw.PutRequest),
-    responses=error_responses(404, 409),
+    responses={
+        200: {"model": dw.ReadBody, "description": "The ``read`` columns of the rows written."},
+        **error_responses(404, 409),
+    },
 )
 async def put_rows(
     iteration: IterationPath,
     body: Annotated[dw.PutRequest, Depends(json_body(dw.PutRequest))],
     server: DataserverDep,
 ) -> Response:
-    """Write cells (each column once per row; the same value again is a no-op)."""
+    """Write cells (each column once per row; the same value again is a no-op). With ``read``, then answer
+    those columns of the same rows as ``/read`` does with ``wait_s``: a writer that waits for what a role
+    makes of its rows (the grader's rewards) needs one request, not two."""
     await server.rollouts.put(iteration, body)
-    return Response(status_code=204)
+    if not body.read:
+        return Response(status_code=204)
+    return await _answer_read(server, iteration, dw.ReadRequest(rows=body.rows, columns=body.read, wait_s=body.wait_s))
 
 
 @router.post(
@@ -107,6 +115,10 @@ async def read_rows(
 ) -> Response:
     """The values of cells, by index. Unwritten cells are a 409, or nulls with ``missing: none``; with
     ``wait_s``, the 409 comes only once that long passed without them being written."""
+    return await _answer_read(server, iteration, body)
+
+
+async def _answer_read(server: Dataserver, iteration: int, body: dw.ReadRequest) -> Response:
     x = server.experience
     if body.wait_s > 0 and body.missing == "error":
         return await server.rollouts.when_written(
