@@ -86,7 +86,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 429: "Too Many R
 
 class LoopbackServer:
     """A real HTTP/1.1 server on 127.0.0.1 (asyncio streams, keep-alive) whose answers ``handler`` gives; it keeps
-    every request, and counts those in flight (read, not yet answered) and the most at once.
+    every request, counts those in flight (read, not yet answered) and the most at once, and the connections.
 
     ``async with server:`` runs it on the running loop; ``with server.in_thread():`` on a loop of its own in a
     thread, for a caller without one (a test that drives a server process)."""
@@ -96,9 +96,14 @@ class LoopbackServer:
         self.requests: list[Request] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.connections = 0  # opened, in all
         self.url = ""
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._tasks)
 
     async def start(self) -> str:
         self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0, limit=4 * 1024 * 1024)
@@ -148,6 +153,7 @@ class LoopbackServer:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        self.connections += 1
         try:
             while request := await _read_request(reader):
                 self.requests.append(request)
@@ -410,7 +416,9 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] = ()) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench judge", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--caps", type=int, nargs="+", default=[1, 4, 16], help="judge caps (default 1 4 16)")
+    parser.add_argument(
+        "--caps", type=int, nargs="+", default=[1, 4, 16, 64, 256], help="judge caps (default 1 4 16 64 256)"
+    )
     parser.add_argument("--completions", type=int, default=64, help="completions per /grade (default 64)")
     parser.add_argument("--max-tokens", type=int, default=32, help="the judge's max_tokens (default 32)")
     parser.add_argument(

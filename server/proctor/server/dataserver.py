@@ -67,6 +67,7 @@ class Dataserver:
         timeout_s = ctx.settings.grader_timeout_s
         judge_key = ctx.settings.judge_api_key
         fanout = GraderFanout(pool, http, ctx.metrics, timeout_s, judge_api_key=judge_key) if pool is not None else None
+        self._fanout = fanout
         self.grading = GradingService(ctx, fanout, self.rollouts)
         self.scoring = ScoringService(ctx, self.grading, fanout)
         # Without local grader processes the role is left to remote grade-workers.
@@ -129,6 +130,8 @@ class Dataserver:
             await self.grader_role.close()
         if self._pool is not None:
             await self._pool.close()
+        if self._fanout is not None:
+            await self._fanout.aclose()
         await self._http.aclose()
         await self.rollouts.close()
         await self.experience.close()

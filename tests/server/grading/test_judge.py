@@ -95,9 +95,20 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def client(http: httpx.AsyncClient, key: str | None = None) -> JudgeClient:
-    # Short backoffs: the retry tests wait for them.
-    return JudgeClient(http, SecretStr(key) if key else None, backoff_s=0.01, max_backoff_s=0.05)
+@pytest.fixture
+async def client() -> AsyncIterator[Callable[..., JudgeClient]]:
+    """``client(key=None, **options)``: a judge client, closed when the test ends."""
+    made: list[JudgeClient] = []
+
+    def make(key: str | None = None, **options: Any) -> JudgeClient:
+        # Short backoffs: the retry tests wait for them.
+        judges = JudgeClient(SecretStr(key) if key else None, **{"backoff_s": 0.01, "max_backoff_s": 0.05, **options})
+        made.append(judges)
+        return judges
+
+    yield make
+    for judges in made:
+        await judges.aclose()
 
 
 # --- the curriculum's declaration ------------------------------------------------------------------------------
@@ -337,10 +348,10 @@ def test_a_score_off_the_scale_is_a_failure() -> None:
 # --- the client, against real servers on loopback ---------------------------------------------------------------
 
 
-async def test_one_chat_completion_per_completion(http: httpx.AsyncClient) -> None:
+async def test_one_chat_completion_per_completion(client: Callable[..., JudgeClient]) -> None:
     async with LoopbackServer(answering("Fine work. Score: 8")) as server:
         items = [SAMPLE, dataclasses.replace(SAMPLE, completion="5")]
-        outcomes = await client(http, KEY).grade(judge(server.url), items)
+        outcomes = await client(KEY).grade(judge(server.url), items)
     assert [o.score for o in outcomes] == [0.8, 0.8]
     assert len(server.requests) == 2
     request = server.requests[0]
@@ -355,22 +366,22 @@ async def test_one_chat_completion_per_completion(http: httpx.AsyncClient) -> No
     assert server.requests[1].json()["messages"][0]["content"] == "Q: What is 2+2?\nA: 5\nScore it."
 
 
-async def test_no_key_no_authorization_header(http: httpx.AsyncClient) -> None:
+async def test_no_key_no_authorization_header(client: Callable[..., JudgeClient]) -> None:
     async with LoopbackServer(answering("Score: 8")) as server:
         # A URL that already names the route is taken as it is.
-        await client(http).grade(judge(server.url, url=server.url + "/v1/chat/completions/"), [SAMPLE])
+        await client().grade(judge(server.url, url=server.url + "/v1/chat/completions/"), [SAMPLE])
     assert "authorization" not in server.requests[0].headers
     assert server.requests[0].path == "/v1/chat/completions"
 
 
-async def test_the_cap_holds_across_every_grade_at_once(http: httpx.AsyncClient) -> None:
+async def test_the_cap_holds_across_every_grade_at_once(client: Callable[..., JudgeClient]) -> None:
     release = asyncio.Event()
 
     async def held(request: Request) -> Reply:
         await release.wait()
         return chat_answer("Score: 5")
 
-    judges = client(http)
+    judges = client()
     async with LoopbackServer(held) as server:
         # Two /grade requests' worth of completions, from two sources whose uses of the judge differ.
         first = asyncio.create_task(judges.grade(judge(server.url, max_concurrency=3), [SAMPLE] * 10))
@@ -388,49 +399,69 @@ async def test_the_cap_holds_across_every_grade_at_once(http: httpx.AsyncClient)
     assert (server.max_in_flight, len(server.requests)) == (3, 20)
 
 
-async def test_a_429_is_tried_again_after_its_retry_after(http: httpx.AsyncClient) -> None:
+async def test_a_slot_keeps_its_connection_until_the_client_closes(client: Callable[..., JudgeClient]) -> None:
+    judges = client()
+    async with LoopbackServer(answering("Score: 5")) as server:
+        wide = judge(server.url, max_concurrency=16)
+        # One completion at a time: however wide the cap, one connection serves them all.
+        for _ in range(5):
+            await judges.grade(wide, [SAMPLE])
+        assert (server.connections, len(server.requests)) == (1, 5)
+        # At once: a connection a slot at the most.
+        await judges.grade(wide, [SAMPLE] * 64)
+        assert 1 <= server.connections <= 16
+        await judges.aclose()
+        async with asyncio.timeout(HANG_GUARD_S):
+            while server.open_connections:  # the judge saw each connection close
+                await asyncio.sleep(0.01)
+        # A closed client opens connections again when asked.
+        await judges.grade(wide, [SAMPLE])
+    assert len(server.requests) == 5 + 64 + 1
+
+
+async def test_a_429_is_tried_again_after_its_retry_after(client: Callable[..., JudgeClient]) -> None:
     busy = Reply(429, {"error": "slow down"}, {"retry-after": "0"})
     async with LoopbackServer(in_turn(busy, busy, chat_answer("Score: 6"))) as server:
-        [outcome] = await client(http).grade(judge(server.url), [SAMPLE])
+        [outcome] = await client().grade(judge(server.url), [SAMPLE])
     assert outcome.score == 0.6
     assert len(server.requests) == 3
 
 
-async def test_a_5xx_is_tried_again_with_backoff(http: httpx.AsyncClient) -> None:
+async def test_a_5xx_is_tried_again_with_backoff(client: Callable[..., JudgeClient]) -> None:
     async with LoopbackServer(in_turn(Reply(503, b"warming up"), chat_answer("Score: 6"))) as server:
-        [outcome] = await client(http).grade(judge(server.url), [SAMPLE])
+        [outcome] = await client().grade(judge(server.url), [SAMPLE])
     assert outcome.score == 0.6
     assert len(server.requests) == 2
 
 
-async def test_a_judge_that_keeps_failing_fails_after_its_retries(http: httpx.AsyncClient) -> None:
+async def test_a_judge_that_keeps_failing_fails_after_its_retries(client: Callable[..., JudgeClient]) -> None:
     async with LoopbackServer(in_turn(Reply(500, b"kaput"))) as server:
-        [outcome] = await client(http).grade(judge(server.url, retries=2), [SAMPLE])
+        [outcome] = await client().grade(judge(server.url, retries=2), [SAMPLE])
     assert outcome == GraderOutcome.failed(
         FailureKind.REMOTE, "judge 'quality' answered HTTP 500: kaput (3 of 3 tries)"
     )
     assert len(server.requests) == 3
 
 
-async def test_another_4xx_is_not_tried_again(http: httpx.AsyncClient) -> None:
+async def test_another_4xx_is_not_tried_again(client: Callable[..., JudgeClient]) -> None:
     async with LoopbackServer(in_turn(Reply(400, {"error": "unknown model"}))) as server:
-        [outcome] = await client(http).grade(judge(server.url), [SAMPLE])
+        [outcome] = await client().grade(judge(server.url), [SAMPLE])
     assert outcome == GraderOutcome.failed(
         FailureKind.REMOTE, 'judge \'quality\' answered HTTP 400: {"error": "unknown model"}'
     )
     assert len(server.requests) == 1
 
 
-async def test_an_unreachable_judge_is_tried_again_then_fails(http: httpx.AsyncClient) -> None:
-    [outcome] = await client(http).grade(judge(f"http://127.0.0.1:{free_port()}", retries=1), [SAMPLE])
+async def test_an_unreachable_judge_is_tried_again_then_fails(client: Callable[..., JudgeClient]) -> None:
+    [outcome] = await client().grade(judge(f"http://127.0.0.1:{free_port()}", retries=1), [SAMPLE])
     assert outcome.failure is FailureKind.REMOTE
     assert outcome.message.startswith("judge 'quality' unreachable: ConnectError")
     assert outcome.message.endswith("(2 of 2 tries)")
 
 
-async def test_a_retry_that_would_pass_the_deadline_is_not_made(http: httpx.AsyncClient) -> None:
+async def test_a_retry_that_would_pass_the_deadline_is_not_made(client: Callable[..., JudgeClient]) -> None:
     slow_down = Reply(429, b"", {"retry-after": "3600"})
-    judges = JudgeClient(http, max_backoff_s=3600)
+    judges = client(backoff_s=0.5, max_backoff_s=3600)
     async with LoopbackServer(in_turn(slow_down)) as server:
         async with asyncio.timeout(HANG_GUARD_S):
             [outcome] = await judges.grade(judge(server.url, timeout_s=1.0, deadline_s=2.0, retries=5), [SAMPLE])
@@ -440,7 +471,7 @@ async def test_a_retry_that_would_pass_the_deadline_is_not_made(http: httpx.Asyn
     )
 
 
-async def test_a_judge_that_hangs_gives_timeouts(http: httpx.AsyncClient) -> None:
+async def test_a_judge_that_hangs_gives_timeouts(client: Callable[..., JudgeClient]) -> None:
     async def never(request: Request) -> None:
         return None
 
@@ -449,27 +480,27 @@ async def test_a_judge_that_hangs_gives_timeouts(http: httpx.AsyncClient) -> Non
         # until their deadline.
         hanging = judge(server.url, max_concurrency=1, timeout_s=0.5, deadline_s=0.8)
         async with asyncio.timeout(HANG_GUARD_S):
-            outcomes = await client(http).grade(hanging, [SAMPLE] * 3)
+            outcomes = await client().grade(hanging, [SAMPLE] * 3)
     assert outcomes[0] == GraderOutcome.failed(FailureKind.TIMEOUT, "judge 'quality' did not answer within 0.5s")
     waited = GraderOutcome.failed(FailureKind.TIMEOUT, "judge 'quality' gave no verdict within its deadline of 0.8s")
     assert outcomes[1:] == [waited, waited]
 
 
-async def test_a_request_past_its_time_limit_is_not_tried_again(http: httpx.AsyncClient) -> None:
+async def test_a_request_past_its_time_limit_is_not_tried_again(client: Callable[..., JudgeClient]) -> None:
     async def never(request: Request) -> None:
         return None
 
     async with LoopbackServer(never) as server:
         async with asyncio.timeout(HANG_GUARD_S):
-            [outcome] = await client(http).grade(judge(server.url, timeout_s=0.3, deadline_s=60), [SAMPLE])
+            [outcome] = await client().grade(judge(server.url, timeout_s=0.3, deadline_s=60), [SAMPLE])
     assert outcome == GraderOutcome.failed(FailureKind.TIMEOUT, "judge 'quality' did not answer within 0.3s")
     assert len(server.requests) == 1
 
 
-async def test_a_rubric_that_needs_the_answer_fails_a_record_without_one(http: httpx.AsyncClient) -> None:
+async def test_a_rubric_that_needs_the_answer_fails_a_record_without_one(client: Callable[..., JudgeClient]) -> None:
     async with LoopbackServer(answering("Score: 9")) as server:
         with_answer = judge(server.url, rubric="{response} vs {answer}")
-        outcomes = await client(http).grade(with_answer, [SAMPLE, dataclasses.replace(SAMPLE, answer=None)])
+        outcomes = await client().grade(with_answer, [SAMPLE, dataclasses.replace(SAMPLE, answer=None)])
     assert outcomes == [
         GraderOutcome.scored(0.9, {"score": 9.0, "answer": "Score: 9"}),
         GraderOutcome.failed(
@@ -494,20 +525,22 @@ async def test_a_rubric_that_needs_the_answer_fails_a_record_without_one(http: h
     ],
     ids=["not-json", "no-choice", "null-content"],
 )
-async def test_an_answer_that_is_no_chat_completion(http: httpx.AsyncClient, reply: Reply, outcome: str) -> None:
+async def test_an_answer_that_is_no_chat_completion(
+    client: Callable[..., JudgeClient], reply: Reply, outcome: str
+) -> None:
     async with LoopbackServer(in_turn(reply)) as server:
-        [result] = await client(http).grade(judge(server.url), [SAMPLE])
+        [result] = await client().grade(judge(server.url), [SAMPLE])
     assert result.message == outcome and result.score is None
 
 
-async def test_the_key_never_shows(http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture) -> None:
+async def test_the_key_never_shows(client: Callable[..., JudgeClient], caplog: pytest.LogCaptureFixture) -> None:
     async def echo(request: Request) -> Reply:
         # A judge that quotes the header it refused.
         return Reply(
             401 if "retry" not in request.path else 500, f"bad key: {request.headers['authorization']}".encode()
         )
 
-    judges = client(http, KEY)
+    judges = client(KEY)
     assert KEY not in repr(judges)
     with caplog.at_level(logging.DEBUG):
         async with LoopbackServer(echo) as server:
@@ -531,7 +564,12 @@ async def test_the_fanout_calls_judges_beside_the_local_graders(http: httpx.Asyn
             exact = LocalGrader("exact_match", "builtin:exact_match", {}, 1.0, False)
             graders = SourceGraders((exact,), (), 0.0, ("exact_match", "quality"), (judge(server.url),))
             fanout = GraderFanout(pool, http, Metrics(), 10.0, judge_api_key=SecretStr(KEY))
-            outcomes = await fanout.grade([(graders, SAMPLE), (graders, dataclasses.replace(SAMPLE, completion="5"))])
+            try:
+                outcomes = await fanout.grade(
+                    [(graders, SAMPLE), (graders, dataclasses.replace(SAMPLE, completion="5"))]
+                )
+            finally:
+                await fanout.aclose()
     finally:
         await pool.close()
     said = {"score": 3.0, "answer": "Score: 3"}  # the judge's own score and words: the result's details

@@ -39,7 +39,11 @@ class GraderFanout:
         self.metrics = metrics
         self.timeout_s = timeout_s
         # Lives as long as the fanout: each judge's cap holds across every /grade at once.
-        self.judges = JudgeClient(http, judge_api_key)
+        self.judges = JudgeClient(judge_api_key)
+
+    async def aclose(self) -> None:
+        """Close the judges' connections (the pool and ``http`` are the caller's)."""
+        await self.judges.aclose()
 
     async def grade(self, work: Sequence[tuple[SourceGraders, GradeInput]]) -> list[dict[str, GraderOutcome]]:
         """Every grader's outcome for each completion, by grader key, in the order of ``work``."""

@@ -11,7 +11,8 @@ and its score is the last match of the judge's ``score_pattern`` in ``choices[0]
 leading ``<think>…</think>`` block), scaled from the judge's ``scale`` to 0..1.
 
 A judge's ``max_concurrency`` caps the requests in flight to it across every ``/grade`` of the server at once:
-the caps live in one :class:`JudgeClient`, which the server's grader fanout holds for its whole life. A request
+the caps live in one :class:`JudgeClient`, which the server's grader fanout holds for its whole life. Each of a
+judge's slots keeps a connection of its own, so that what a request costs here does not grow with the cap. A request
 that gets a 429, a 5xx or no connection is tried again, up to ``retries`` times, after an exponential backoff with
 jitter (or the ``Retry-After`` the judge sent, bounded); any other 4xx is a failure at once. One request may take
 ``timeout_s``; a completion waits at most ``deadline_s`` for its verdict, the wait for a free slot and the retries
@@ -24,15 +25,17 @@ text of the judge's that a verdict quotes has it blotted out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import functools
 import logging
 import math
 import random
 import re
+import ssl
 import string
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import httpx
 from pydantic import SecretStr
@@ -101,9 +104,43 @@ class _Verdict(Exception):
         self.outcome = outcome
 
 
+class _Slots:
+    """A judge's cap: ``cap`` slots, each with an HTTP client of one connection, made at its first use.
+
+    One pool of ``cap`` connections would do too, but httpx looks at every connection of its pool on each
+    request (whether an idle one was closed by the server), which makes a request's cost here grow with the cap.
+    The free slots are a stack: with few requests in flight, the same few connections serve them all."""
+
+    def __init__(self, cap: int, ssl_context: Callable[[], ssl.SSLContext]) -> None:
+        self._free: asyncio.LifoQueue[int] = asyncio.LifoQueue()
+        for slot in reversed(range(cap)):
+            self._free.put_nowait(slot)
+        self._clients: dict[int, httpx.AsyncClient] = {}
+        self._ssl_context = ssl_context
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[httpx.AsyncClient]:
+        """Wait for a free slot; its client for the body."""
+        slot = await self._free.get()
+        try:
+            client = self._clients.get(slot)
+            if client is None:
+                limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+                client = httpx.AsyncClient(limits=limits, verify=self._ssl_context(), follow_redirects=False)
+                self._clients[slot] = client
+            yield client
+        finally:
+            self._free.put_nowait(slot)
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+
 class JudgeClient:
     """Every judge call of one server (or grade-worker, or regrade): one per completion, at most
-    ``max_concurrency`` of a judge at once, whichever ``/grade`` they come from.
+    ``max_concurrency`` of a judge at once, whichever ``/grade`` they come from. Close it with :meth:`aclose`.
 
     ``backoff_s`` is the first retry's wait, doubled for each one after it, never above ``max_backoff_s`` (nor a
     ``Retry-After`` above it); each wait is drawn between its half and its whole.
@@ -111,27 +148,37 @@ class JudgeClient:
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
         api_key: SecretStr | None = None,
         *,
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
     ) -> None:
-        self._http = http
         self._api_key = api_key
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
-        self._slots: dict[tuple[str, str, int], asyncio.Semaphore] = {}
+        self._slots: dict[tuple[str, str, int], _Slots] = {}
+        self._ssl: ssl.SSLContext | None = None
 
     def __repr__(self) -> str:
         return f"JudgeClient(api_key={'set' if self._api_key is not None else 'unset'}, judges={len(self._slots)})"
 
-    def _gate(self, judge: JudgeGrader) -> asyncio.Semaphore:
+    async def aclose(self) -> None:
+        """Close every judge's connections."""
+        for slots in self._slots.values():
+            await slots.aclose()
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        # One for every slot's client: making one reads the CA bundle, milliseconds each.
+        if self._ssl is None:
+            self._ssl = httpx.create_ssl_context()
+        return self._ssl
+
+    def _gate(self, judge: JudgeGrader) -> _Slots:
         # One cap per judge the curriculum declares: its sources share it, whatever their rubrics.
         key = (judge.name, judge.url, judge.max_concurrency)
         slots = self._slots.get(key)
         if slots is None:
-            slots = self._slots[key] = asyncio.Semaphore(judge.max_concurrency)
+            slots = self._slots[key] = _Slots(judge.max_concurrency, self._ssl_context)
         return slots
 
     async def grade(self, judge: JudgeGrader, items: Sequence[GradeInput]) -> list[GraderOutcome]:
@@ -148,8 +195,8 @@ class JudgeClient:
             )
         deadline = time.monotonic() + judge.deadline_s
         try:
-            async with asyncio.timeout(judge.deadline_s), self._gate(judge):
-                text = await self._ask(judge, prompt, deadline)
+            async with asyncio.timeout(judge.deadline_s), self._gate(judge).slot() as http:
+                text = await self._ask(http, judge, prompt, deadline)
         except TimeoutError:
             return GraderOutcome.failed(
                 FailureKind.TIMEOUT, f"judge {name} gave no verdict within its deadline of {judge.deadline_s:g}s"
@@ -158,7 +205,7 @@ class JudgeClient:
             return verdict.outcome
         return read_score(judge, self._blot(text))
 
-    async def _ask(self, judge: JudgeGrader, prompt: str, deadline: float) -> str:
+    async def _ask(self, http: httpx.AsyncClient, judge: JudgeGrader, prompt: str, deadline: float) -> str:
         """The text of the judge's answer to ``prompt``; raises :class:`_Verdict` when none came."""
         name = repr(judge.key)
         url = judge.url.rstrip("/")
@@ -176,9 +223,7 @@ class JudgeClient:
             retry_after: float | None = None
             try:
                 async with asyncio.timeout(judge.timeout_s):
-                    response = await self._http.post(
-                        url, json=body, headers=headers, timeout=httpx.Timeout(judge.timeout_s)
-                    )
+                    response = await http.post(url, json=body, headers=headers, timeout=httpx.Timeout(judge.timeout_s))
             except (TimeoutError, httpx.TimeoutException):
                 # Not tried again: a judge that did not answer in time is stuck or overloaded, and a second request
                 # would only add to its load.
