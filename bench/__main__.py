@@ -48,7 +48,7 @@ NAMES = (
     "sandbox",
 )
 # Their main() reads no command line, so a flag after one of these names would be silently dropped.
-FLAGLESS = ("math_grader", "event_loop", "trainer_overhead", "batching")
+FLAGLESS = ("math_grader", "event_loop", "batching")
 
 
 def flags_after(name: str, args: Sequence[str]) -> list[str]:
@@ -102,7 +102,7 @@ def main(args: Sequence[str]) -> None:
     if not only or "trainer_overhead" in only:
         from bench import trainer_overhead
 
-        trainer_overhead.main()
+        trainer_overhead.main(flags_after("trainer_overhead", args))
     if not only or "batching" in only:
         from bench import batching
 

@@ -14,12 +14,14 @@ connection: what any reward over HTTP costs on the machine, which proctor's figu
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -71,13 +73,13 @@ def _timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
     return wrapper
 
 
-def _config(out: Path) -> GRPOConfig:
+def _config(out: Path, steps: int) -> GRPOConfig:
     return GRPOConfig(
         **run_defaults(out),
         per_device_train_batch_size=BATCH,
         num_generations=GENERATIONS,
         max_completion_length=16,
-        max_steps=STEPS,
+        max_steps=steps,
         learning_rate=1e-4,
         shuffle_dataset=False,
     )
@@ -99,12 +101,12 @@ def _train(model: Path, config: GRPOConfig, dataset: datasets.Dataset, reward: C
     return timer.times[WARMUP:]
 
 
-def _local_dataset(client: ProctorClient, prompts_per_step: int) -> tuple[datasets.Dataset, dict[str, str]]:
+def _local_dataset(client: ProctorClient, prompts_per_step: int, steps: int) -> tuple[datasets.Dataset, dict[str, str]]:
     """The prompts the server serves for the run's steps, as an in-memory dataset, with their answers."""
     curriculum = load_curriculum(builtin_path("arithmetic"))
     rows: dict[str, list[Any]] = {"prompt": [], "sample_id": []}
     answers: dict[str, str] = {}
-    for step in range(STEPS + 2):
+    for step in range(steps + 2):
         for s in client.sample(step, prompts_per_step).samples:
             rows["prompt"].append(
                 [{"role": "system", "content": s.system_prompt or ""}, {"role": "user", "content": s.prompt}]
@@ -130,7 +132,7 @@ def _bare_reward(http: httpx.Client, key_of: dict[str, int]) -> Callable[..., li
     return bare_reward
 
 
-def run() -> tuple[list[Run], dict[str, object]]:
+def run(steps_per_run: int = STEPS, rounds: int = ROUNDS) -> tuple[list[Run], dict[str, object]]:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # leave a core to the server and its graders
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="proctor-bench-") as tmp:
@@ -140,8 +142,8 @@ def run() -> tuple[list[Run], dict[str, object]]:
             log=Path(tmp) / "server.log",
         )
         with server, ProctorClient(server.url) as client:
-            config = _config(Path(tmp) / "run")
-            local_ds, answers = _local_dataset(client, BATCH // GENERATIONS)
+            config = _config(Path(tmp) / "run", steps_per_run)
+            local_ds, answers = _local_dataset(client, BATCH // GENERATIONS, steps_per_run)
 
             def local_reward(completions: list[Any], sample_id: list[str], **_: Any) -> list[float]:
                 # The same grading as the server's `numeric` grader, in this process.
@@ -159,7 +161,7 @@ def run() -> tuple[list[Run], dict[str, object]]:
             with bare, httpx.Client(base_url=bare.url) as http:
                 runs_served = 0
                 grade_ms: list[float] = []
-                for _ in range(ROUNDS):
+                for _ in range(rounds):
                     reward_ms: list[float] = []
                     steps = _train(model, config, local_ds, _timed(local_reward, reward_ms))
                     runs.append(Run("in-memory Dataset + local reward", "", steps, reward_ms[WARMUP:], [0.0]))
@@ -211,9 +213,9 @@ def run() -> tuple[list[Run], dict[str, object]]:
     env: dict[str, object] = {
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "steps_per_run": STEPS,
+        "steps_per_run": steps_per_run,
         "warmup": WARMUP,
-        "rounds": ROUNDS,
+        "rounds": rounds,
         "completions_per_step": BATCH,
         "server_grade_ms_mean": server_grade_ms,
     }
@@ -258,8 +260,14 @@ def table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    runs, env = run()
+def main(argv: Sequence[str] = ()) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench trainer_overhead", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"steps a run, the first {WARMUP} left out ({STEPS})")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"runs of each variant, alternating ({ROUNDS})")
+    args = parser.parse_args(list(argv))
+    if args.steps <= WARMUP or args.rounds < 1:
+        parser.error(f"--steps must be more than {WARMUP} and --rounds at least 1")
+    runs, env = run(args.steps, args.rounds)
     print(f"GRPO step, tiny model on the CPU, {BATCH} completions per step ({env['cpus']} CPUs)")
     print(table(runs))
     print(f"server-side time per /grade (mean, from its metrics): {env['server_grade_ms_mean']:.2f} ms")
@@ -267,4 +275,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
