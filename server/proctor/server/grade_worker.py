@@ -101,35 +101,37 @@ class GradeWorker:
         self.stats = WorkerStats()
 
     async def run(self, stop: asyncio.Event | None = None, *, idle_exit_s: float | None = None) -> WorkerStats:
-        stop = stop or asyncio.Event()
-        wait_s = DISPATCH_WAIT_S if idle_exit_s is None else min(DISPATCH_WAIT_S, idle_exit_s)
-        last_work = time.monotonic()
         try:
-            while not stop.is_set():
-                if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
-                    break
-                try:
-                    batch = await asyncio.to_thread(
-                        self.experience.dispatch,
-                        col.GRADER.name,
-                        self.rows_per_dispatch,
-                        lease_s=self.lease_s,
-                        wait_s=wait_s,
-                    )
-                except self.transient as exc:
-                    self.stats.unreachable += 1
-                    log.warning("the dataserver is unreachable (%s); trying again in %gs", exc, _RECONNECT_S)
-                    await _sleep(stop, _RECONNECT_S)
-                    continue
-                if batch.lease is None:
-                    continue  # the dispatch waited for a row already
-                async with renewing(self._renew, batch.lease, self.lease_s):
-                    columns = await grade_rows(self.fanout, self.graders, batch.columns)
-                await self._collect(batch.lease, columns, len(batch), stop)
-                last_work = time.monotonic()
-            return self.stats
+            return await self._grade(stop or asyncio.Event(), idle_exit_s)
         finally:
             await self.fanout.aclose()  # the judges' connections
+
+    async def _grade(self, stop: asyncio.Event, idle_exit_s: float | None) -> WorkerStats:
+        wait_s = DISPATCH_WAIT_S if idle_exit_s is None else min(DISPATCH_WAIT_S, idle_exit_s)
+        last_work = time.monotonic()
+        while not stop.is_set():
+            if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
+                break
+            try:
+                batch = await asyncio.to_thread(
+                    self.experience.dispatch,
+                    col.GRADER.name,
+                    self.rows_per_dispatch,
+                    lease_s=self.lease_s,
+                    wait_s=wait_s,
+                )
+            except self.transient as exc:
+                self.stats.unreachable += 1
+                log.warning("the dataserver is unreachable (%s); trying again in %gs", exc, _RECONNECT_S)
+                await _sleep(stop, _RECONNECT_S)
+                continue
+            if batch.lease is None:
+                continue  # the dispatch waited for a row already
+            async with renewing(self._renew, batch.lease, self.lease_s):
+                columns = await grade_rows(self.fanout, self.graders, batch.columns)
+            await self._collect(batch.lease, columns, len(batch), stop)
+            last_work = time.monotonic()
+        return self.stats
 
     async def _collect(self, lease: str, columns: Mapping[str, list[object]], rows: int, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -141,34 +141,36 @@ class Regrade:
         self.stats = RegradeStats()
 
     async def run(self, tables: Sequence[int], stop: asyncio.Event | None = None) -> RegradeStats:
-        stop = stop or asyncio.Event()
-        c = self.consumer
-        await asyncio.to_thread(self.experience.register, c.name, needs=c.needs, produces=c.produces)
         try:
-            for table in tables:
-                while not stop.is_set():
-                    batch = await asyncio.to_thread(
-                        self.experience.dispatch, c.name, self.rows_per_dispatch, iteration=table, lease_s=self.lease_s
-                    )
-                    if batch.lease is None:
-                        status = await asyncio.to_thread(self.experience.consumption, c.name, table)
-                        if status.held == 0 and status.ready == 0:
-                            break  # every graded completion of the table is regraded
-                        await asyncio.sleep(_HELD_LOOK_S)  # a stopped regrade's lease, until it ends
-                        continue
-                    async with renewing(self._renew, batch.lease, self.lease_s):
-                        graded = await grade_rows(self.fanout, self.graders, batch.columns)
-                    columns = {c.produces[0]: graded[col.REWARD], c.produces[1]: graded[col.REWARD_DETAIL]}
-                    try:
-                        await asyncio.to_thread(self.experience.collect, batch.lease, columns)
-                    except LeaseError as exc:
-                        self.stats.refused += 1
-                        log.warning("dropped %d regraded rows: %s", len(batch), exc)
-                        continue
-                    self.stats.regraded += len(batch)
-            return self.stats
+            return await self._regrade(tables, stop or asyncio.Event())
         finally:
             await self.fanout.aclose()  # the judges' connections
+
+    async def _regrade(self, tables: Sequence[int], stop: asyncio.Event) -> RegradeStats:
+        c = self.consumer
+        await asyncio.to_thread(self.experience.register, c.name, needs=c.needs, produces=c.produces)
+        for table in tables:
+            while not stop.is_set():
+                batch = await asyncio.to_thread(
+                    self.experience.dispatch, c.name, self.rows_per_dispatch, iteration=table, lease_s=self.lease_s
+                )
+                if batch.lease is None:
+                    status = await asyncio.to_thread(self.experience.consumption, c.name, table)
+                    if status.held == 0 and status.ready == 0:
+                        break  # every graded completion of the table is regraded
+                    await asyncio.sleep(_HELD_LOOK_S)  # a stopped regrade's lease, until it ends
+                    continue
+                async with renewing(self._renew, batch.lease, self.lease_s):
+                    graded = await grade_rows(self.fanout, self.graders, batch.columns)
+                columns = {c.produces[0]: graded[col.REWARD], c.produces[1]: graded[col.REWARD_DETAIL]}
+                try:
+                    await asyncio.to_thread(self.experience.collect, batch.lease, columns)
+                except LeaseError as exc:
+                    self.stats.refused += 1
+                    log.warning("dropped %d regraded rows: %s", len(batch), exc)
+                    continue
+                self.stats.regraded += len(batch)
+        return self.stats
 
     async def _renew(self, lease: str, lease_s: float) -> float:
         return await asyncio.to_thread(self.experience.renew, lease, lease_s)
