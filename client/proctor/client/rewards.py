@@ -200,26 +200,19 @@ class RemoteReward:
         return unposted
 
     def _put(
-        self, step: int, keys: list[RowKey], columns: dict[str, list[Any]], *, grades: bool = False
-    ) -> dict[RowKey, _Grade] | None:
-        """Write the rows' columns; with ``grades``, in the same request wait for their grades (a few seconds at
-        most) and return them, or None when they are not all graded by then or some rows are taken."""
-        got: dict[RowKey, _Grade] | None = None
+        self, step: int, keys: list[RowKey], columns: dict[str, list[Any]], *, read: Sequence[str] = ()
+    ) -> dict[str, list[Any]] | None:
+        """Write the rows' columns. With ``read``, the same request waits (a few seconds at most) for those columns
+        of the rows and returns them: None when they are not all written by then, or when some rows hold another
+        attempt's completions."""
+        values = None
         try:
-            if grades:
-                names = (col.REWARD, col.REWARD_DETAIL)
-                wait_s = min(self.timeout_s, _WAIT_S)
-                try:
-                    values = self.experience.put_and_read(step, keys, columns, names, wait_s=wait_s)
-                except CellsMissingError:
-                    pass  # written, not graded yet: the caller's read waits on
-                else:
-                    got = {
-                        key: _grade_of(reward, detail)
-                        for key, reward, detail in zip(keys, values[col.REWARD], values[col.REWARD_DETAIL], strict=True)
-                    }
+            if read:
+                values = self.experience.put_and_read(step, keys, columns, read, wait_s=min(self.timeout_s, _WAIT_S))
             else:
                 self.experience.put(step, keys, columns)
+        except CellsMissingError:
+            pass  # written, not graded yet: the caller's read waits on
         except CellConflictError:
             # The step was generated again (a run resumed mid-generation): rows that hold the first
             # attempt's completions keep them, and the new ones are graded as loose completions.
@@ -230,7 +223,7 @@ class RemoteReward:
                 self.experience.put(step, [keys[m] for m in keep], kept)
             self._again[step].update(again)
         self._posted[step].update(keys)
-        return got
+        return values
 
     def _held_by_others(self, step: int, rows: Sequence[RowKey], texts: Sequence[str]) -> set[RowKey]:
         """Those of ``rows`` that already hold another completion than ``texts``."""
@@ -398,9 +391,11 @@ class RemoteReward:
             ]
             # What the trainer posted already is not posted again; the rest is written with its grades read back.
             for step, (keys, columns) in self._unposted(rows, completions, completion_ids).items():
-                read_back = self._put(step, keys, columns, grades=True)
-                if read_back is not None:
-                    answered[step] = read_back
+                cells = self._put(step, keys, columns, read=(col.REWARD, col.REWARD_DETAIL))
+                if cells is not None:
+                    answered[step] = dict(
+                        zip(keys, map(_grade_of, cells[col.REWARD], cells[col.REWARD_DETAIL]), strict=True)
+                    )
         grades: list[_Grade | None] = [None] * len(completions)
         for step, positions in by_step.items():
             again = self._again.get(step, set())
