@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -50,6 +50,8 @@ STEPS = 30
 WARMUP = 5
 ROUNDS = 4
 BATCH, GENERATIONS = 8, 4  # 2 prompts × 4 completions per step
+LOCAL = "in-memory Dataset + local reward"
+BARE = "in-memory Dataset + a reward posted to a bare server (bench.bare_baseline)"
 
 
 @dataclass
@@ -132,84 +134,76 @@ def _bare_reward(http: httpx.Client, key_of: dict[str, int]) -> Callable[..., li
     return bare_reward
 
 
+def _in_memory_run(
+    model: Path, config: GRPOConfig, dataset: datasets.Dataset, reward: Callable[..., Any], variant: str, added_by: str
+) -> Run:
+    reward_ms: list[float] = []
+    steps = _train(model, config, dataset, _timed(reward, reward_ms))
+    return Run(variant, added_by, steps, reward_ms[WARMUP:], [0.0])
+
+
+def _proctor_run(model: Path, config: GRPOConfig, state: Path, through: Literal["grade", "store"]) -> tuple[Run, float]:
+    """A run through a fresh server of its own, and that server's mean time on a ``/grade``. Each run has its own
+    server (same curriculum and seed, so the same prompts): the store keeps the latest steps' tables, and a step
+    a run already wrote would be another attempt of it."""
+    fresh = ServerProcess(
+        [str(builtin_path("arithmetic")), "--database-url", str(state), "--log-level", "warning"],
+        log=state.with_suffix(".log"),
+    )
+    reward_ms: list[float] = []
+    fetch_ms: list[float] = []
+    with fresh, ProctorClient(fresh.url) as client:
+        remote = RemoteRLDataset(client, config, processing_class=AutoTokenizer.from_pretrained(model))
+        # The transform is the only place a step can wait for the server's prompts: time it.
+        remote.set_transform(_timed(remote.fetcher, fetch_ms))
+        reward = remote_reward(client, dataset=remote, through=through)
+        steps = _train(model, config, remote, _timed(reward, reward_ms))
+        remote.close()
+        grade_ms = _server_mean_ms(fresh.url, "/grade")
+    path = "/grade" if through == "grade" else "the store"
+    variant = f"RemoteRLDataset + remote_reward through {path}"
+    return Run(variant, f"the dataserver, through {path}", steps, reward_ms[WARMUP:], fetch_ms), grade_ms
+
+
 def run(steps_per_run: int = STEPS, rounds: int = ROUNDS) -> tuple[list[Run], dict[str, object]]:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # leave a core to the server and its graders
     runs: list[Run] = []
+    grade_ms: list[float] = []
     with tempfile.TemporaryDirectory(prefix="proctor-bench-") as tmp:
-        model = build_tiny_model(Path(tmp) / "tiny")
+        folder = Path(tmp)
+        model = build_tiny_model(folder / "tiny")
+        config = _config(folder / "run", steps_per_run)
         server = ServerProcess(
-            [str(builtin_path("arithmetic")), "--database-url", str(Path(tmp) / "state.db"), "--log-level", "warning"],
-            log=Path(tmp) / "server.log",
+            [str(builtin_path("arithmetic")), "--database-url", str(folder / "state.db"), "--log-level", "warning"],
+            log=folder / "server.log",
         )
         with server, ProctorClient(server.url) as client:
-            config = _config(Path(tmp) / "run", steps_per_run)
             local_ds, answers = _local_dataset(client, BATCH // GENERATIONS, steps_per_run)
 
-            def local_reward(completions: list[Any], sample_id: list[str], **_: Any) -> list[float]:
-                # The same grading as the server's `numeric` grader, in this process.
-                return [
-                    numeric(GradeInput(prompt="", completion=c[-1]["content"], answer=answers[sid]))
-                    for c, sid in zip(completions, sample_id, strict=True)
-                ]
+        def local_reward(completions: list[Any], sample_id: list[str], **_: Any) -> list[float]:
+            # The same grading as the server's `numeric` grader, in this process.
+            return [
+                numeric(GradeInput(prompt="", completion=c[-1]["content"], answer=answers[sid]))
+                for c, sid in zip(completions, sample_id, strict=True)
+            ]
 
-            # The bare baseline serves the same records as rows:0, rows:1, ... in the order of the local dataset.
-            key_of = {sid: k for k, sid in enumerate(answers)}
-            rows = Path(tmp) / "rows.jsonl"
-            rows.write_text("".join(json.dumps({"question": sid, "answer": a}) + "\n" for sid, a in answers.items()))
-            bare = ServerProcess([str(rows)], log=Path(tmp) / "bare.log", module="bench.bare_baseline", subcommand=None)
-
-            with bare, httpx.Client(base_url=bare.url) as http:
-                runs_served = 0
-                grade_ms: list[float] = []
-                for _ in range(rounds):
-                    reward_ms: list[float] = []
-                    steps = _train(model, config, local_ds, _timed(local_reward, reward_ms))
-                    runs.append(Run("in-memory Dataset + local reward", "", steps, reward_ms[WARMUP:], [0.0]))
-
-                    reward_ms = []
-                    steps = _train(model, config, local_ds, _timed(_bare_reward(http, key_of), reward_ms))
-                    runs.append(
-                        Run(
-                            "in-memory Dataset + a reward posted to a bare server (bench.bare_baseline)",
-                            "a reward over HTTP, to a bare server",
-                            steps,
-                            reward_ms[WARMUP:],
-                            [0.0],
-                        )
-                    )
-
-                    for through in ("grade", "store"):
-                        # A run of its own on the server (same curriculum and seed, so the same prompts): the store
-                        # keeps the latest steps' tables, and a step a run already wrote is another attempt of it.
-                        runs_served += 1
-                        state = str(Path(tmp) / f"run-{runs_served}.db")
-                        fresh = ServerProcess(
-                            [str(builtin_path("arithmetic")), "--database-url", state, "--log-level", "warning"],
-                            log=Path(tmp) / f"server-{runs_served}.log",
-                        )
-                        with fresh, ProctorClient(fresh.url) as remote_client:
-                            reward_ms = []
-                            fetch_ms: list[float] = []
-                            tokenizer = AutoTokenizer.from_pretrained(model)
-                            remote = RemoteRLDataset(remote_client, config, processing_class=tokenizer)
-                            # The transform is the only place a step can wait for the server's prompts: time it.
-                            remote.set_transform(_timed(remote.fetcher, fetch_ms))
-                            reward = remote_reward(remote_client, dataset=remote, through=through)
-                            steps = _train(model, config, remote, _timed(reward, reward_ms))
-                            remote.close()
-                            if through == "grade":
-                                grade_ms.append(_server_mean_ms(fresh.url, "/grade"))
-                        path = "/grade" if through == "grade" else "the store"
-                        runs.append(
-                            Run(
-                                f"RemoteRLDataset + remote_reward through {path}",
-                                f"the dataserver, through {path}",
-                                steps,
-                                reward_ms[WARMUP:],
-                                fetch_ms,
-                            )
-                        )
-            server_grade_ms = statistics.mean(grade_ms)
+        # The bare baseline serves the same records as rows:0, rows:1, ... in the order of the local dataset.
+        key_of = {sid: k for k, sid in enumerate(answers)}
+        rows = folder / "rows.jsonl"
+        rows.write_text("".join(json.dumps({"question": sid, "answer": a}) + "\n" for sid, a in answers.items()))
+        bare = ServerProcess([str(rows)], log=folder / "bare.log", module="bench.bare_baseline", subcommand=None)
+        with bare, httpx.Client(base_url=bare.url) as http:
+            for n in range(rounds):
+                runs.append(_in_memory_run(model, config, local_ds, local_reward, LOCAL, ""))
+                bare_reward = _bare_reward(http, key_of)
+                runs.append(
+                    _in_memory_run(model, config, local_ds, bare_reward, BARE, "a reward over HTTP, to a bare server")
+                )
+                for through in ("grade", "store"):
+                    proctor, ms = _proctor_run(model, config, folder / f"run-{n}-{through}.db", through)
+                    runs.append(proctor)
+                    if through == "grade":
+                        grade_ms.append(ms)
     env: dict[str, object] = {
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -217,7 +211,7 @@ def run(steps_per_run: int = STEPS, rounds: int = ROUNDS) -> tuple[list[Run], di
         "warmup": WARMUP,
         "rounds": rounds,
         "completions_per_step": BATCH,
-        "server_grade_ms_mean": server_grade_ms,
+        "server_grade_ms_mean": statistics.mean(grade_ms),
     }
     return runs, env
 
