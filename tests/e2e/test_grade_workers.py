@@ -291,7 +291,8 @@ def test_workers_reconnect_and_finish_after_a_server_restart(
         eventually(lambda step=step: grading(url, step)["all_consumed"], f"step {step} is graded after the restart")
         assert rewards(url, step) == [float(len(t)) for t in texts[step]]
     assert counted(url) == len(steps) * SLOTS * GROUP
-    assert all(w.proc.poll() is None for w in pool), "a worker exited instead of reconnecting"
+    exited = [w.output() for w in pool if w.proc.poll() is not None]
+    assert not exited, f"a worker exited instead of reconnecting: {exited}"
     assert any("unreachable" in w.output() for w in pool)
 
 

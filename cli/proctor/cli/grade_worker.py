@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -24,8 +25,9 @@ from proctor.server.grade_worker import GradeWorker, WorkerStats, source_graders
 from proctor.server.grading.pool import GraderPool
 from proctor.server.logs import configure_logging
 from proctor.server.settings import default_workers
+from proctor.wire.dataserver import Graders
 
-__all__ = ["GradeWorkerOptions", "grade", "grade_worker"]
+__all__ = ["GradeWorkerOptions", "grade", "grade_worker", "server_graders"]
 
 log = logging.getLogger("proctor.grade_worker")
 
@@ -86,13 +88,27 @@ async def _until_signalled(options: GradeWorkerOptions) -> None:
     await grade(options, stop)
 
 
+def server_graders(client: ProctorClient, timeout_s: float) -> Graders:
+    """The graders the server names (``GET /graders``) once it answers, waiting up to ``timeout_s`` in all. A
+    server that goes away between answering ``/healthz`` and answering this (it restarts) is waited for again,
+    as the worker waits for it later, rather than ending the worker."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        client.wait_ready(timeout=max(0.0, deadline - time.monotonic()))
+        try:
+            return client.graders()
+        except (TransportError, ServerFailure) as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log.warning("the dataserver did not answer GET /graders (%s); waiting for it again", exc)
+
+
 async def grade(options: GradeWorkerOptions, stop: asyncio.Event) -> WorkerStats:
     """Grade the server's rows until ``stop`` is set (or, with ``exit_when_idle_s``, until none came for that
     long). Raises ``ValueError`` when the server names graders this machine cannot import."""
     client = ProctorClient(options.server, api_key=options.api_key, retries=2)
     try:
-        await asyncio.to_thread(client.wait_ready, timeout=options.connect_timeout_s)
-        spec = await asyncio.to_thread(client.graders)
+        spec = await asyncio.to_thread(server_graders, client, options.connect_timeout_s)
         graders = source_graders(spec)
         processes = options.processes or default_workers()
         pool = GraderPool(processes)

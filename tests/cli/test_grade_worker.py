@@ -1,0 +1,48 @@
+"""``proctor grade-worker``'s start against a dataserver that goes away between answering ``/healthz`` and
+answering ``GET /graders`` (it restarts), scripted with ``httpx.MockTransport``. The worker's loop itself, with
+real servers and processes, is in ``tests/e2e/test_grade_workers.py``."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from proctor.cli.grade_worker import server_graders
+from proctor.client import ProctorClient
+from proctor.client.errors import NotReadyError
+
+HEALTH = {"status": "ok", "curriculum": "workers", "last_iteration": None}
+GRADERS = {"curriculum_hash": "0" * 16, "timeout_s": 30.0, "headers_withheld": False, "sources": {}}
+
+
+def scripted(down_for: int, calls: list[str]) -> ProctorClient:
+    """A server whose first ``down_for`` answers to ``GET /graders`` are refused connections."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path == "/healthz":
+            return httpx.Response(200, json=HEALTH)
+        if calls.count("/graders") <= down_for:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json=GRADERS)
+
+    return ProctorClient("http://proctor.test", retries=2, transport=httpx.MockTransport(handler), sleep=lambda s: None)
+
+
+def test_a_server_gone_between_its_readiness_and_its_graders_is_waited_for_again() -> None:
+    calls: list[str] = []
+    spec = server_graders(scripted(down_for=3, calls=calls), timeout_s=60.0)
+    assert spec.curriculum_hash == "0" * 16
+    # Three refused tries (a call and its two retries), readiness looked at again, then the answer.
+    assert calls == ["/healthz", "/graders", "/graders", "/graders", "/healthz", "/graders"]
+
+
+def test_a_server_that_never_comes_back_ends_the_wait_with_the_reason() -> None:
+    client = ProctorClient(
+        "http://proctor.test",
+        retries=0,
+        transport=httpx.MockTransport(lambda r: httpx.Response(503, json={"detail": "starting"})),
+        sleep=lambda s: None,
+    )
+    with pytest.raises(NotReadyError, match=r"was not ready after 0s .*is `proctor serve` running there\?"):
+        server_graders(client, timeout_s=0.0)
