@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from proctor.experience import ExperienceInputError
+from proctor.experience.store import Dispatch
 from proctor.experience.values import DTYPES, MAX_NDIM, decode_cell, encode_cell, from_wire_array, to_wire_array
+from proctor.wire import experience as dw
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
@@ -68,6 +70,43 @@ def test_arrays_round_trip_through_the_wire_form(array: np.ndarray[Any, Any]) ->
     assert wire["shape"] == list(array.shape)
     json.dumps(wire)
     assert_same_array(from_wire_array("x", wire["dtype"], wire["shape"], wire["data"]), array)
+
+
+def wire_columns(body: bytes, model: type[dw.ReadBody] | type[dw.DispatchBody]) -> dict[str, list[Any]]:
+    """The columns a client reads back from a read's or a dispatch's JSON."""
+    return dw.columns_from_wire(model.model_validate_json(body).columns)
+
+
+# A column as a read finds it: a value per row, or None where a row's cell is not written.
+json_columns = st.lists(st.one_of(st.just(None), json_values.map(lambda v: ("value", v))), max_size=6)
+array_columns = st.lists(st.one_of(st.just(None), stored_arrays().map(lambda a: ("value", a))), max_size=6)
+
+
+def cells_of(column: list[Any]) -> list[bytes | None]:
+    return [None if cell is None else encode_cell("x", cell[1]) for cell in column]
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_columns, array_columns)
+def test_stored_cells_go_on_the_wire_as_their_values_would(texts: list[Any], arrays: list[Any]) -> None:
+    cells = {"text": cells_of(texts), "ids": cells_of(arrays)}
+    for got in (
+        wire_columns(dw.read_json(cells), dw.ReadBody),
+        wire_columns(dw.dispatch_json(Dispatch("c", 0, "l", 1.0, (), cells, ())), dw.DispatchBody),
+    ):
+        assert json.dumps(got["text"]) == json.dumps([None if c is None else c[1] for c in texts])
+        assert len(got["ids"]) == len(arrays)
+        for value, cell in zip(got["ids"], arrays, strict=True):
+            if cell is None:
+                assert value is None
+            else:
+                assert_same_array(value, cell[1])
+
+
+def test_a_column_of_arrays_and_other_values_is_refused_naming_it() -> None:
+    cells = {"mixed": [encode_cell("x", np.zeros(2, np.int32)), encode_cell("x", 3)]}
+    with pytest.raises(ExperienceInputError, match=r"columns\.mixed: mixes numpy arrays and other values"):
+        dw.read_json(cells)
 
 
 @pytest.mark.parametrize(

@@ -159,6 +159,7 @@ class Consumption:
 
 
 Index = npt.NDArray[np.int64]
+_Columns = Literal["values", "cells", "none"]  # what a claim hands out of its rows' needed columns
 _CHUNK_CACHE_BYTES = 32 * 1024 * 1024
 
 
@@ -594,6 +595,18 @@ class ExperienceStore:
     ) -> dict[str, list[Value]]:
         """The values of ``columns`` in ``rows``; never waits. Cells not yet written are an error, or ``None``
         with ``missing="none"``."""
+        return _decoded(self.read_cells(iteration, rows, columns, missing=missing))
+
+    def read_cells(
+        self,
+        iteration: int,
+        rows: Sequence[RowKey],
+        columns: Sequence[str],
+        *,
+        missing: Literal["error", "none"] = "error",
+    ) -> dict[str, list[bytes | None]]:
+        """:meth:`read`, each cell as its stored bytes (:func:`proctor.experience.values.encode_cell`), for a
+        caller that passes them on without decoding them (a server answering over HTTP)."""
         if missing not in ("error", "none"):
             raise ExperienceInputError("missing", f"{missing!r} is not 'error' or 'none'")
         with self._lock:
@@ -610,7 +623,7 @@ class ExperienceStore:
                         f"column {name!r} is not written in {int(absent.sum())} of the rows asked for "
                         f"(the first: {first}); read them once written, or dispatch them to wait for readiness"
                     )
-            return self._values(table, slots, indices, columns)
+            return self._cell_bytes(table, slots, indices, columns)
 
     def _cells(
         self, table: _Table, name: str, slots: Index, indices: Index | None
@@ -787,11 +800,10 @@ class ExperienceStore:
                 out[n] = cell
         return out
 
-    def _values(self, table: _Table, slots: Index, indices: Index, columns: Sequence[str]) -> dict[str, list[Value]]:
-        return {
-            name: [None if cell is None else decode_cell(cell) for cell in self._stored(table, name, slots, indices)]
-            for name in columns
-        }
+    def _cell_bytes(
+        self, table: _Table, slots: Index, indices: Index, columns: Sequence[str]
+    ) -> dict[str, list[bytes | None]]:
+        return {name: self._stored(table, name, slots, indices) for name in columns}
 
     # --- consuming ------------------------------------------------------------------------------------------
 
@@ -807,6 +819,7 @@ class ExperienceStore:
         max_tokens_per_microbatch: int | None = None,
         lease_s: float = 60.0,
         wait_s: float = 0.0,
+        cells: bool = False,
     ) -> Dispatch:
         """Claim up to ``count`` rows ready for ``consumer`` (its ``dispatch_size`` when not given).
 
@@ -817,13 +830,14 @@ class ExperienceStore:
         planner, under ``max_tokens_per_microbatch`` when given. The rows are leased for ``lease_s``
         seconds. With no row ready, the dispatch is empty, at once or, with ``wait_s``, once that many seconds
         passed without one (the calling thread looks again every few milliseconds meanwhile, holding nothing).
+        With ``cells``, the dispatch's columns hold each cell's stored bytes, as :meth:`read_cells` gives them.
         """
         if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 <= wait_s <= 3600:
             raise ExperienceInputError("wait_s", f"{wait_s!r} is not a number of seconds in 0..3600")
         deadline = time.monotonic() + wait_s
         while True:
             batch = self._dispatch(
-                consumer, count, iteration, groups, dp_size, balance_by, max_tokens_per_microbatch, lease_s
+                consumer, count, iteration, groups, dp_size, balance_by, max_tokens_per_microbatch, lease_s, cells
             )
             left = deadline - time.monotonic()
             if batch.lease is not None or left <= 0:
@@ -840,6 +854,7 @@ class ExperienceStore:
         balance_by: str | None,
         max_tokens_per_microbatch: int | None,
         lease_s: float,
+        cells: bool,
     ) -> Dispatch:
         _check_count("dp_size", dp_size, 1, 4096)
         self._check_lease_s(lease_s)
@@ -872,8 +887,18 @@ class ExperienceStore:
             for table in candidates:
                 slots, indices = self._choose(table, c, want, groups)
                 if len(slots):
+                    columns: _Columns = "cells" if cells else "values"
                     return self._claim(
-                        table, c, slots, indices, now + lease_s, dp_size, groups, balance_by, max_tokens_per_microbatch
+                        table,
+                        c,
+                        slots,
+                        indices,
+                        now + lease_s,
+                        dp_size,
+                        groups,
+                        balance_by,
+                        max_tokens_per_microbatch,
+                        columns,
                     )
                 if iteration is None and not groups:
                     self._maybe[c.name].discard(table.iteration)
@@ -897,7 +922,8 @@ class ExperienceStore:
             ready[inside] = self._ready(table, c)[slots[inside], indices[inside]]
             if not ready.any():
                 return Dispatch(consumer, iteration, None, None, (), {}, ())
-            return self._claim(table, c, slots[ready], indices[ready], now + lease_s, 1, False, None, None, read)
+            columns: _Columns = "values" if read else "none"
+            return self._claim(table, c, slots[ready], indices[ready], now + lease_s, 1, False, None, None, columns)
 
     def _check_lease_s(self, lease_s: float) -> None:
         if not (0 < lease_s <= self.limits.max_lease_s):
@@ -938,11 +964,12 @@ class ExperienceStore:
         groups: bool,
         balance_by: str | None,
         max_tokens: int | None,
-        read: bool = True,
+        columns: _Columns = "values",
     ) -> Dispatch:
-        values = self._values(table, slots, indices, c.needs) if read else {}
+        cells = self._cell_bytes(table, slots, indices, c.needs) if columns != "none" else {}
+        values = _decoded(cells) if columns == "values" else cells
         if balance_by is not None:
-            parts = _balanced(values[balance_by], dp_size, max_tokens)
+            parts = _balanced(_decoded({balance_by: cells[balance_by]})[balance_by], dp_size, max_tokens)
         else:
             parts = _parts(len(slots), dp_size, table.width if groups else 1)
         lease = Lease(
@@ -1096,6 +1123,10 @@ def _parts(n: int, dp_size: int, unit: int) -> tuple[tuple[int, ...], ...]:
     units = n // unit
     bounds = [round(r * units / dp_size) * unit for r in range(dp_size + 1)]
     return tuple(tuple(range(bounds[r], bounds[r + 1])) for r in range(dp_size))
+
+
+def _decoded(cells: Mapping[str, list[bytes | None]]) -> dict[str, list[Value]]:
+    return {name: [None if cell is None else decode_cell(cell) for cell in column] for name, column in cells.items()}
 
 
 def _balanced(values: Iterable[Value], dp_size: int, max_tokens: int | None) -> tuple[tuple[int, ...], ...]:

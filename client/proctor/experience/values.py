@@ -25,6 +25,8 @@ __all__ = [
     "MAX_NDIM",
     "Value",
     "as_stored",
+    "cell_json",
+    "cell_wire_array",
     "decode_cell",
     "encode_cell",
     "from_wire_array",
@@ -85,6 +87,19 @@ def decode_cell(data: bytes) -> Value:
     shape = struct.unpack_from(f"<{ndim}I", data, 3)
     dtype = np.dtype(DTYPES[code]).newbyteorder("<")
     return np.frombuffer(data, dtype=dtype, offset=3 + 4 * ndim).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def cell_json(data: bytes) -> bytes | None:
+    """The JSON text of a JSON cell's value, as stored (nothing decoded); None for an array cell."""
+    return data[1:] if data[0] == _JSON else None
+
+
+def cell_wire_array(data: bytes) -> dict[str, Any]:
+    """An array cell as :func:`to_wire_array` gives its array, from its stored bytes (nothing decoded): they
+    are the array's little-endian bytes already."""
+    ndim = data[2]
+    shape = list(struct.unpack_from(f"<{ndim}I", data, 3))
+    return {"dtype": DTYPES[data[1]], "shape": shape, "data": base64.b64encode(data[3 + 4 * ndim :]).decode()}
 
 
 def as_stored(columns: Mapping[str, Sequence[Value]]) -> dict[str, list[Value]]:

@@ -7,6 +7,7 @@ one per row, each its dtype, shape and base64 bytes). Every number is bounded he
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -15,7 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proctor.experience.errors import ExperienceInputError
 from proctor.experience.store import Collected, Consumer, Consumption, Dispatch, TableInfo
-from proctor.experience.values import MAX_NDIM, Value, from_wire_array, to_wire_array
+from proctor.experience.values import (
+    MAX_NDIM,
+    Value,
+    cell_json,
+    cell_wire_array,
+    from_wire_array,
+    to_wire_array,
+)
 
 __all__ = [
     "CollectRequest",
@@ -39,6 +47,8 @@ __all__ = [
     "column_to_wire",
     "columns_from_wire",
     "columns_to_wire",
+    "dispatch_json",
+    "read_json",
 ]
 
 MAX_ROWS = 65_536
@@ -97,6 +107,41 @@ def column_from_wire(field: str, column: WireColumn) -> list[Value]:
 
 def columns_to_wire(columns: Mapping[str, Sequence[Value]]) -> dict[str, WireColumn]:
     return {name: column_to_wire(name, values) for name, values in columns.items()}
+
+
+def _column_json(name: str, cells: Sequence[bytes | None]) -> bytes:
+    """:func:`column_to_wire`'s JSON for the values whose stored bytes are ``cells``, without decoding them."""
+    texts = [None if cell is None else cell_json(cell) for cell in cells]
+    if all(t is not None or c is None for t, c in zip(texts, cells, strict=True)):
+        return b'{"values":[' + b",".join(b"null" if t is None else t for t in texts) + b"]}"
+    if any(t is not None and t != b"null" for t in texts):
+        raise ExperienceInputError(f"columns.{name}", "mixes numpy arrays and other values; send one kind per column")
+    arrays = [None if t is not None or c is None else cell_wire_array(c) for t, c in zip(texts, cells, strict=True)]
+    return b'{"arrays":' + json.dumps(arrays, separators=(",", ":")).encode() + b"}"
+
+
+def _columns_json(cells: Mapping[str, Sequence[bytes | None]]) -> bytes:
+    fields = (json.dumps(name).encode() + b":" + _column_json(name, column) for name, column in cells.items())
+    return b"{" + b",".join(fields) + b"}"
+
+
+def read_json(cells: Mapping[str, Sequence[bytes | None]]) -> bytes:
+    """A :class:`ReadBody` as JSON, from the store's cells (:meth:`ExperienceStore.read_cells`): JSON values go
+    out as they are stored, arrays as their stored bytes in base64, none of them decoded and encoded again."""
+    return b'{"columns":' + _columns_json(cells) + b"}"
+
+
+def dispatch_json(d: Dispatch) -> bytes:
+    """A :class:`DispatchBody` as JSON, for a dispatch whose columns hold the store's cells (``cells=True``)."""
+    head = {
+        "consumer": d.consumer,
+        "iteration": d.iteration,
+        "lease": d.lease,
+        "expires_at": d.expires_at,
+        "rows": [list(r) for r in d.rows],
+        "parts": [list(p) for p in d.parts],
+    }
+    return json.dumps(head, separators=(",", ":")).encode()[:-1] + b',"columns":' + _columns_json(d.columns) + b"}"
 
 
 def columns_from_wire(columns: Mapping[str, WireColumn]) -> dict[str, list[Value]]:
@@ -215,18 +260,6 @@ class DispatchBody(_Wire):
     rows: list[tuple[int, int]]
     columns: dict[str, WireColumn]
     parts: list[list[int]]
-
-    @classmethod
-    def of(cls, d: Dispatch) -> DispatchBody:
-        return cls(
-            consumer=d.consumer,
-            iteration=d.iteration,
-            lease=d.lease,
-            expires_at=d.expires_at,
-            rows=[(s, k) for s, k in d.rows],
-            columns=columns_to_wire(d.columns),
-            parts=[list(p) for p in d.parts],
-        )
 
     def dispatch(self) -> Dispatch:
         return Dispatch(

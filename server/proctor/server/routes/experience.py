@@ -128,8 +128,8 @@ async def _answer_read(server: Dataserver, iteration: int, body: dw.ReadRequest)
 
 
 def _read(experience: ExperienceStore, iteration: int, body: dw.ReadRequest) -> Response:
-    values = experience.read(iteration, body.rows, body.columns, missing=body.missing)
-    return _json(dw.ReadBody(columns=dw.columns_to_wire(values)))
+    cells = experience.read_cells(iteration, body.rows, body.columns, missing=body.missing)
+    return Response(dw.read_json(cells), media_type="application/json")
 
 
 @router.put(
@@ -186,8 +186,9 @@ def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) 
         balance_by=body.balance_by,
         max_tokens_per_microbatch=body.max_tokens_per_microbatch,
         lease_s=body.lease_s,
+        cells=True,
     )
-    return batch.lease is None, _json(dw.DispatchBody.of(batch))
+    return batch.lease is None, Response(dw.dispatch_json(batch), media_type="application/json")
 
 
 @router.get("/consumers/{name}/tables/{iteration}", response_model=dw.ConsumptionBody, responses=error_responses(404))
