@@ -186,6 +186,20 @@ async def test_bad_items(client: httpx.AsyncClient, items: list[dict[str, Any]],
     assert message in response.json()["detail"]
 
 
+async def test_unknown_fields_are_named_with_the_known_ones_wherever_they_are(client: httpx.AsyncClient) -> None:
+    item = {"sample_id": "add:0123456789:1", "completion": "x"}
+    response = await client.post("/grade", json={"items": [item, {**item, "a": 1, "b": 2, "c": 3, "d": 4}], "x": 0})
+    assert response.status_code == 422
+    assert response.json()["detail"] == (
+        "items[1]: unknown fields 'a', 'b', 'c', …; the fields are sample_id, completion, completion_tokens, "
+        "completion_index, slot; body: unknown field 'x'; the fields are iteration, items"
+    )
+    # The experience store's requests too.
+    response = await client.post("/experience/tables/0/rows", json={"rows": [], "colums": {}})
+    assert response.status_code == 422
+    assert response.json()["detail"] == "body: unknown field 'colums'; the fields are rows, columns, read, wait_s"
+
+
 async def test_record_out_of_range_is_422(client: httpx.AsyncClient) -> None:
     sid = await sample_id_of(client, "qa", 99)
     response = await client.post("/grade", json={"items": [{"sample_id": sid, "completion": "x"}]})
