@@ -479,4 +479,5 @@ def _text(completion: Any) -> str:
 
 def _grade_of(reward: Any, detail: Any) -> _Grade:
     """A grade from its row's ``reward`` and ``reward_detail`` cells."""
-    return (float(reward), *col.parse_reward_detail(detail))
+    parts = col.parse_reward_detail(detail)
+    return (float(reward), parts.components, parts.error)

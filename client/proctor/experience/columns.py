@@ -8,7 +8,7 @@ anywhere) reads both and writes the reward. Any other role adds columns of its o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from proctor.experience.store import Consumer
 
@@ -26,9 +26,9 @@ __all__ = [
     "STAGE",
     "STEP",
     "STEP_SLOT",
+    "RewardDetail",
     "loose_table",
     "parse_reward_detail",
-    "parse_reward_details",
     "reward_detail",
 ]
 
@@ -93,16 +93,24 @@ def reward_detail(
     return cell
 
 
-def parse_reward_details(value: Any) -> dict[str, Any]:
-    """The graders' ``details`` from a ``reward_detail`` cell (empty for anything else)."""
-    details = value.get("details") if isinstance(value, dict) else None
-    return {str(k): v for k, v in details.items()} if isinstance(details, dict) else {}
+class RewardDetail(NamedTuple):
+    """What a ``reward_detail`` cell says besides the reward: each grader's score, the error that replaced
+    them (None when they graded), and what the graders said of the completion."""
+
+    components: dict[str, float]
+    error: str | None
+    details: dict[str, Any]
 
 
-def parse_reward_detail(value: Any) -> tuple[dict[str, float], str | None]:
-    """``(components, error)`` from a ``reward_detail`` cell (empty and None for anything else)."""
+def parse_reward_detail(value: Any) -> RewardDetail:
+    """A ``reward_detail`` cell's parts (empty, None and empty for anything but a cell's dict)."""
     if not isinstance(value, dict):
-        return {}, None
+        return RewardDetail({}, None, {})
     components = value.get("components") or {}
     error = value.get("error")
-    return {str(k): float(v) for k, v in components.items()}, None if error is None else str(error)
+    details = value.get("details")
+    return RewardDetail(
+        {str(k): float(v) for k, v in components.items()},
+        None if error is None else str(error),
+        {str(k): v for k, v in details.items()} if isinstance(details, dict) else {},
+    )

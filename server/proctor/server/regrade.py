@@ -195,7 +195,7 @@ def verdict_changes(experience: RegradeStore, tables: Sequence[int], version: st
                     continue
                 counts = out.setdefault(str(sample_id).split(":", 1)[0], [0, 0, 0])
                 counts[0] += 1
-                if col.parse_reward_detail(cell)[1] is not None:
+                if col.parse_reward_detail(cell).error is not None:
                     counts[2] += 1
                 elif abs(float(old) - float(now)) > 1e-9:
                     counts[1] += 1

@@ -147,7 +147,7 @@ class GradingService:
         for it, c, reward, detail in zip(
             fresh, completions, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True
         ):
-            value = (float(reward), *col.parse_reward_detail(detail), col.parse_reward_details(detail))
+            value = (float(reward), *col.parse_reward_detail(detail))
             values.append(value)
             graded.append(Graded(c, value[0], detail, GradeRow(it.key, it.stage, it.source, *value)))
         written = await self.rollouts.write_graded(graded, lease_s=LEASE_S)
@@ -171,9 +171,7 @@ class GradingService:
             timeout = grading_time(len(its), max(s.grader_workers, 1), s.grader_timeout_s)
             values = await self.rollouts.rewards(table, [it.row[1:] for it in its], timeout)
             for n, it in enumerate(its):
-                detail = values[col.REWARD_DETAIL][n]
-                components, error = col.parse_reward_detail(detail)
-                out[it.row] = (float(values[col.REWARD][n]), components, error, col.parse_reward_details(detail))
+                out[it.row] = (float(values[col.REWARD][n]), *col.parse_reward_detail(values[col.REWARD_DETAIL][n]))
 
         await asyncio.gather(*(one(table, its) for table, its in by_table.items()))
         return out

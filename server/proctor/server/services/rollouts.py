@@ -509,11 +509,9 @@ def _record(
             if loose:
                 step, step_slot = int(values[col.STEP][n]), int(values[col.STEP_SLOT][n])
             key = grade_key(step, str(sample_id), step_slot, index, str(values[col.COMPLETION][n]))
-            detail = values[col.REWARD_DETAIL][n]
-            components, error = col.parse_reward_detail(detail)
             source = SampleId.parse(str(sample_id)).source
-            details = col.parse_reward_details(detail)
-            grades.append(GradeRow(key, stage_of(step), source, float(reward), components, error, details))
+            parts = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
+            grades.append(GradeRow(key, stage_of(step), source, float(reward), *parts))
         return Recorded(collected, _store_grades(state, grades))
 
 
