@@ -837,7 +837,15 @@ class ExperienceStore:
         deadline = time.monotonic() + wait_s
         while True:
             batch = self._dispatch(
-                consumer, count, iteration, groups, dp_size, balance_by, max_tokens_per_microbatch, lease_s, cells
+                consumer,
+                count,
+                iteration,
+                groups,
+                dp_size,
+                balance_by,
+                max_tokens_per_microbatch,
+                lease_s,
+                "cells" if cells else "values",
             )
             left = deadline - time.monotonic()
             if batch.lease is not None or left <= 0:
@@ -854,7 +862,7 @@ class ExperienceStore:
         balance_by: str | None,
         max_tokens_per_microbatch: int | None,
         lease_s: float,
-        cells: bool,
+        columns: _Columns,
     ) -> Dispatch:
         _check_count("dp_size", dp_size, 1, 4096)
         self._check_lease_s(lease_s)
@@ -887,7 +895,6 @@ class ExperienceStore:
             for table in candidates:
                 slots, indices = self._choose(table, c, want, groups)
                 if len(slots):
-                    columns: _Columns = "cells" if cells else "values"
                     return self._claim(
                         table,
                         c,
@@ -969,7 +976,8 @@ class ExperienceStore:
         cells = self._cell_bytes(table, slots, indices, c.needs) if columns != "none" else {}
         values = _decoded(cells) if columns == "values" else cells
         if balance_by is not None:
-            parts = _balanced(_decoded({balance_by: cells[balance_by]})[balance_by], dp_size, max_tokens)
+            lengths = values[balance_by] if columns == "values" else _decoded_column(cells[balance_by])
+            parts = _balanced(lengths, dp_size, max_tokens)
         else:
             parts = _parts(len(slots), dp_size, table.width if groups else 1)
         lease = Lease(
@@ -1126,7 +1134,11 @@ def _parts(n: int, dp_size: int, unit: int) -> tuple[tuple[int, ...], ...]:
 
 
 def _decoded(cells: Mapping[str, list[bytes | None]]) -> dict[str, list[Value]]:
-    return {name: [None if cell is None else decode_cell(cell) for cell in column] for name, column in cells.items()}
+    return {name: _decoded_column(column) for name, column in cells.items()}
+
+
+def _decoded_column(column: list[bytes | None]) -> list[Value]:
+    return [None if cell is None else decode_cell(cell) for cell in column]
 
 
 def _balanced(values: Iterable[Value], dp_size: int, max_tokens: int | None) -> tuple[tuple[int, ...], ...]:
