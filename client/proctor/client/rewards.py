@@ -243,16 +243,17 @@ class RemoteReward:
         try:
             self.experience.open(step, slots=layout.prompts_per_generation, group_size=layout.num_generations)
         except UnknownIterationError:
-            with self._tables:
-                self._outside.add(step)
-                if len(self._outside) > 64:
-                    self._outside.discard(min(self._outside))
+            self._remember(self._outside, step)
             return False
-        with self._tables:
-            self._opened.add(step)
-            if len(self._opened) > 64:
-                self._opened.discard(min(self._opened))
+        self._remember(self._opened, step)
         return True
+
+    def _remember(self, steps: set[int], step: int) -> None:
+        """Add ``step`` to ``steps`` (``_opened`` or ``_outside``), which keep the latest 64 steps."""
+        with self._tables:
+            steps.add(step)
+            if len(steps) > 64:
+                steps.discard(min(steps))
 
     def _open_ahead(self, step: int) -> None:
         """Open a step's table as the dataset fetches its prompts, so that posting its completions is one
