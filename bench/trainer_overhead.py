@@ -142,10 +142,12 @@ def _in_memory_run(
     return Run(variant, added_by, steps, reward_ms[WARMUP:], [0.0])
 
 
-def _proctor_run(model: Path, config: GRPOConfig, state: Path, through: Literal["grade", "store"]) -> tuple[Run, float]:
-    """A run through a fresh server of its own, and that server's mean time on a ``/grade``. Each run has its own
-    server (same curriculum and seed, so the same prompts): the store keeps the latest steps' tables, and a step
-    a run already wrote would be another attempt of it."""
+def _proctor_run(
+    model: Path, config: GRPOConfig, state: Path, through: Literal["grade", "store"]
+) -> tuple[Run, float | None]:
+    """A run through a fresh server of its own, and, through ``/grade``, that server's mean time on one (None
+    through the store). Each run has its own server (same curriculum and seed, so the same prompts): the store
+    keeps the latest steps' tables, and a step a run already wrote would be another attempt of it."""
     fresh = ServerProcess(
         [str(builtin_path("arithmetic")), "--database-url", str(state), "--log-level", "warning"],
         log=state.with_suffix(".log"),
@@ -159,7 +161,7 @@ def _proctor_run(model: Path, config: GRPOConfig, state: Path, through: Literal[
         reward = remote_reward(client, dataset=remote, through=through)
         steps = _train(model, config, remote, _timed(reward, reward_ms))
         remote.close()
-        grade_ms = _server_mean_ms(fresh.url, "/grade")
+        grade_ms = _server_mean_ms(fresh.url, "/grade") if through == "grade" else None
     path = "/grade" if through == "grade" else "the store"
     variant = f"RemoteRLDataset + remote_reward through {path}"
     return Run(variant, f"the dataserver, through {path}", steps, reward_ms[WARMUP:], fetch_ms), grade_ms
@@ -202,7 +204,7 @@ def run(steps_per_run: int = STEPS, rounds: int = ROUNDS) -> tuple[list[Run], di
                 for through in ("grade", "store"):
                     proctor, ms = _proctor_run(model, config, folder / f"run-{n}-{through}.db", through)
                     runs.append(proctor)
-                    if through == "grade":
+                    if ms is not None:
                         grade_ms.append(ms)
     env: dict[str, object] = {
         "cpus": os.cpu_count(),
