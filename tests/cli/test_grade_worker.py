@@ -9,7 +9,7 @@ import pytest
 
 from proctor.cli.grade_worker import server_graders
 from proctor.client import ProctorClient
-from proctor.client.errors import NotReadyError
+from proctor.client.errors import NotReadyError, TransportError
 
 HEALTH = {"status": "ok", "curriculum": "workers", "last_iteration": None}
 GRADERS = {"curriculum_hash": "0" * 16, "timeout_s": 30.0, "headers_withheld": False, "sources": {}}
@@ -46,3 +46,11 @@ def test_a_server_that_never_comes_back_ends_the_wait_with_the_reason() -> None:
     )
     with pytest.raises(NotReadyError, match=r"was not ready after 0s .*is `proctor serve` running there\?"):
         server_graders(client, timeout_s=0.0)
+
+
+def test_graders_that_never_answer_end_the_wait_with_their_failure() -> None:
+    calls: list[str] = []
+    client = scripted(down_for=10**6, calls=calls)
+    with pytest.raises(TransportError, match=r"GET http://proctor.test/graders failed after 3 attempts"):
+        server_graders(client, timeout_s=0.0)
+    assert calls == ["/healthz", "/graders", "/graders", "/graders"]
