@@ -33,6 +33,7 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("proctor")
 
+_GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections
 _REOPEN_EVERY_S = 1.0  # how often a server whose PostgreSQL database failed tries to open it again
 
 
@@ -62,6 +63,11 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
         # Everything allocated so far lives as long as the server: keep it out of the collector's full
         # passes, which otherwise walk it on every gen-2 collection and show up as latency spikes.
         gc.freeze()
+        # What the run keeps from then on (each kept step's table, the served batches) is long-lived too, and
+        # with the default young threshold (700) a request's short-lived objects are collected and promoted so
+        # often that full passes over that state follow every few hundred requests: tens of ms each under load.
+        # Process-wide, like the freeze, and left so at shutdown (servers of one process share it).
+        gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         state = redacted(path)
         log.info(
             "%s curriculum %r (hash %s, seed %d) from %s; run %r, state %s (%s); %d grader processes",
