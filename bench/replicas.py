@@ -3,7 +3,9 @@ what a ``kill -9`` of the serving process costs.
 
 Throughput: the rollout path's ``/sample`` and ``/grade`` loads (``bench.rollout_path``, 8 connections) against
 one server directly, against that server through nginx (``bench/_balancer.py``), and against two servers of the
-database through nginx (one serves, the other forwards each request it gets to it).
+database through nginx (one serves, the other forwards each request it gets to it). Then the ceiling of any
+design in which two processes share the work: two servers that share nothing (each its own database on the same
+PostgreSQL), each asked directly on half the connections, at the same time.
 
 Failover: three servers behind nginx and 8 connections asking for new iterations (a write each) without
 retrying; after a while the serving process is killed with SIGKILL. Counted: the requests that failed, and the
@@ -112,6 +114,17 @@ def run(seconds: float = SECONDS, failover_seconds: float = FAILOVER_SECONDS) ->
                     results[key] = {k: asdict(v) for k, v in asyncio.run(measure(port, seconds, answer_of)).items()}
             finally:
                 stop(procs)
+        apart = [*servers(pg.new_database(), 1, "apart-a"), *servers(pg.new_database(), 1, "apart-b")]
+        try:
+
+            async def side_by_side() -> list[dict[str, Row]]:
+                half = CONCURRENCY // 2
+                loads = (measure(p.port, seconds, answer_of, concurrency=half) for p in apart)
+                return list(await asyncio.gather(*loads))
+
+            results["apart_2"] = [{k: asdict(v) for k, v in r.items()} for r in asyncio.run(side_by_side())]
+        finally:
+            stop(apart)
         procs = servers(pg.new_database(), 3, "failover")
         try:
             with balancer([f"127.0.0.1:{p.port}" for p in procs]) as url:
@@ -124,14 +137,16 @@ def run(seconds: float = SECONDS, failover_seconds: float = FAILOVER_SECONDS) ->
 def table(results: dict[str, Any]) -> str:
     lines = [
         "| endpoint | 1 server req/s | 1 server p99 ms | 1 behind nginx req/s | 2 behind nginx req/s | "
-        "2 behind nginx p99 ms | 2 ÷ 1 | goal |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "2 behind nginx p99 ms | 2 ÷ 1 | goal | 2 sharing nothing req/s | sharing nothing ÷ 1 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     for key in ("sample", "grade"):
         a, b, c = (Row(**results[side][key]) for side in ("direct", "balanced_1", "balanced_2"))
+        apart = sum(Row(**r[key]).per_second for r in results["apart_2"])
         lines.append(
             f"| {a.name} | {a.per_second:.0f} | {a.p99_ms:.1f} | {b.per_second:.0f} | {c.per_second:.0f} | "
-            f"{c.p99_ms:.1f} | {c.per_second / a.per_second:.2f}× | {GOALS[key]} |"
+            f"{c.p99_ms:.1f} | {c.per_second / a.per_second:.2f}× | {GOALS[key]} | {apart:.0f} | "
+            f"{apart / a.per_second:.2f}× |"
         )
     f = results["failover"]
     lines += [

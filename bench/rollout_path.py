@@ -43,11 +43,13 @@ GOALS = {"sample": "≥ 1.0×, p99 ≤ 10 ms", "grade": "≥ 1.0×, p99 ≤ 100 
 POSTGRESQL_GOALS = {"sample": "", "grade": "≥ 0.7×"}
 
 
-async def measure(port: int, seconds: float, answer_of: Callable[[str], str]) -> dict[str, Row]:
+async def measure(
+    port: int, seconds: float, answer_of: Callable[[str], str], *, concurrency: int = CONCURRENCY
+) -> dict[str, Row]:
     """The two rows, ``/sample`` then ``/grade``, against the server on ``port``."""
 
     def timed(fn: Callable[[Connection], Awaitable[None]]) -> Awaitable[tuple[list[float], float]]:
-        return drive(fn, seconds=seconds, concurrency=CONCURRENCY, host="127.0.0.1", port=port)
+        return drive(fn, seconds=seconds, concurrency=concurrency, host="127.0.0.1", port=port)
 
     iterations = itertools.count()
     served: list[tuple[int, list[str]]] = []
