@@ -743,3 +743,18 @@ def test_an_answer_that_is_not_the_model_is_a_dataserver_error(
     client = connect(Script(lambda request: httpx.Response(200, content=body)))
     with pytest.raises(DataserverError, match=rf"(?s)GET {BASE}/healthz answered 200 but not with a Health: {problem}"):
         client.health()
+
+
+def test_a_collection_answered_without_its_next_dispatch_is_an_experience_error(
+    connect: Callable[..., ProctorClient],
+) -> None:
+    from proctor.client import ExperienceClient
+    from proctor.experience import ExperienceError
+
+    script = Script(answer(body={"consumer": "grader", "iteration": 0, "rows": [[0, 0]]}))
+    with ExperienceClient(client=connect(script)) as experience, pytest.raises(ExperienceError) as caught:
+        experience.collect_and_dispatch("0123456789abcdef", {"reward": [1.0]}, 4)
+    assert str(caught.value) == "the server answered the collection without the dispatch it was asked for"
+    sent = json.loads(script.requests[0].content)
+    assert script.requests[0].url.path == "/experience/leases/0123456789abcdef/collect"
+    assert sent["next"]["count"] == 4

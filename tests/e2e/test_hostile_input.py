@@ -325,6 +325,23 @@ def test_a_dispatch_waits_at_most_30_seconds(http: httpx.Client, value: int, mes
     assert detail(response) == f"wait_s: Input should be {message}; got {value}"
 
 
+@pytest.mark.parametrize(
+    ("then", "message"),
+    [
+        ({"wait_s": 31}, "next.wait_s: Input should be less than or equal to 30; got 31"),
+        ({"count": 0}, "next.count: Input should be greater than or equal to 1; got 0"),
+        ({"cuont": 2}, "next: unknown field 'cuont'; the fields are count, iteration, groups, dp_size"),
+    ],
+    ids=["wait_s", "count", "typo"],
+)
+def test_a_collections_next_dispatch_is_checked_as_a_dispatch(
+    http: httpx.Client, then: dict[str, Any], message: str
+) -> None:
+    response = http.post("/experience/leases/0123456789abcdef/collect", json={"columns": {}, "next": then})
+    assert response.status_code == 422, response.text
+    assert detail(response).startswith(message), detail(response)
+
+
 @pytest.mark.parametrize(("body", "status", "message"), MALFORMED)
 def test_malformed_bodies(http: httpx.Client, body: bytes, status: int, message: str) -> None:
     response = send(http, "/sample", body)

@@ -603,6 +603,37 @@ def test_collect_of_an_unknown_lease_is_a_lease_error(experience: ExperienceStor
         experience.collect("0123456789abcdef0123456789abcdef", {"score": [1.0]})
 
 
+def test_collect_and_dispatch_stores_the_results_and_hands_out_the_next_rows(experience: ExperienceStore) -> None:
+    ready_table(experience, slots=5, group_size=1)
+    first = experience.dispatch("scorer", 2)
+    assert first.lease is not None
+    collected, second = experience.collect_and_dispatch(first.lease, {"score": [0.0, 1.0]}, 2)
+    assert collected == Collected("scorer", 0, first.rows)
+    assert second.lease is not None and second.consumer == "scorer"
+    assert len(second) == 2 and not set(second.rows) & set(first.rows)
+    assert second.columns["prompt"] == [f"p{s}.{k}" for s, k in second.rows]
+    assert counts(experience, "scorer", 0) == (5, 2, 2, 1)
+    _, third = experience.collect_and_dispatch(second.lease, {"score": [2.0, 3.0]}, 2)
+    assert third.lease is not None and len(third) == 1
+    _, none = experience.collect_and_dispatch(third.lease, {"score": [4.0]}, 2)
+    assert none.lease is None and len(none) == 0
+    assert experience.all_consumed("scorer", 0)
+    rows = [*first.rows, *second.rows, *third.rows]
+    assert experience.read(0, rows, ["score"]) == {"score": [0.0, 1.0, 2.0, 3.0, 4.0]}
+
+
+def test_a_refused_collection_dispatches_nothing(experience: ExperienceStore) -> None:
+    ready_table(experience, slots=3, group_size=1)
+    batch = experience.dispatch("scorer", 1)
+    assert batch.lease is not None
+    with pytest.raises(ExperienceInputError, match=re.escape("columns.score: 2 values for 1 rows")):
+        experience.collect_and_dispatch(batch.lease, {"score": [1.0, 2.0]}, 2)
+    assert counts(experience, "scorer", 0) == (3, 0, 1, 2)
+    with pytest.raises(LeaseError, match="is unknown"):
+        experience.collect_and_dispatch("0123456789abcdef0123456789abcdef", {"score": [1.0]}, 2)
+    assert counts(experience, "scorer", 0) == (3, 0, 1, 2)
+
+
 def test_an_expired_lease_returns_its_rows_and_its_late_collect_is_refused(experience: ExperienceStore) -> None:
     ready_table(experience, slots=2, group_size=2)
     late = experience.dispatch("scorer", 3, lease_s=SHORT_LEASE_S)

@@ -15,7 +15,15 @@ from hypothesis.extra import numpy as hnp
 
 from proctor.experience import ExperienceInputError
 from proctor.experience.store import Dispatch
-from proctor.experience.values import DTYPES, MAX_NDIM, decode_cell, encode_cell, from_wire_array, to_wire_array
+from proctor.experience.values import (
+    DTYPES,
+    MAX_NDIM,
+    decode_cell,
+    decode_cells,
+    encode_cell,
+    from_wire_array,
+    to_wire_array,
+)
 from proctor.wire import experience as dw
 
 json_values = st.recursive(
@@ -53,6 +61,28 @@ def test_json_values_round_trip(value: Any) -> None:
     assert decoded == value
     assert json.dumps(decoded) == json.dumps(value)
     assert encode_cell("x", decoded) == stored
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.none() | json_values.map(lambda v: encode_cell("x", v)) | stored_arrays().map(lambda a: encode_cell("x", a)),
+        max_size=8,
+    )
+)
+def test_a_column_decodes_as_each_of_its_cells_does(cells: list[bytes | None]) -> None:
+    # A column of JSON cells is parsed as one JSON array: each value must be what its own parse gives.
+    decoded = decode_cells(cells)
+    assert len(decoded) == len(cells)
+    for got, cell in zip(decoded, cells, strict=True):
+        if cell is None:
+            assert got is None
+        elif cell[0] == 0:
+            expected = decode_cell(cell)
+            assert got == expected
+            assert json.dumps(got) == json.dumps(expected)
+        else:
+            assert_same_array(got, decode_cell(cell))
 
 
 @settings(max_examples=200, deadline=None)

@@ -175,6 +175,38 @@ class ExperienceClient:
         path = f"/experience/leases/{_segment(lease)}/collect"
         return self._call("POST", path, dw.CollectedBody, body).collected()
 
+    def collect_and_dispatch(
+        self,
+        lease: str,
+        columns: Mapping[str, Sequence[Value]],
+        count: int | None = None,
+        *,
+        iteration: int | None = None,
+        groups: bool = False,
+        dp_size: int = 1,
+        balance_by: str | None = None,
+        max_tokens_per_microbatch: int | None = None,
+        lease_s: float = 60.0,
+        wait_s: float = 0.0,
+    ) -> tuple[Collected, Dispatch]:
+        """As :meth:`ExperienceStore.collect_and_dispatch`, in one request."""
+        then = _request(
+            dw.DispatchRequest,
+            count=count,
+            iteration=iteration,
+            groups=groups,
+            dp_size=dp_size,
+            balance_by=balance_by,
+            max_tokens_per_microbatch=max_tokens_per_microbatch,
+            lease_s=lease_s,
+            wait_s=wait_s,
+        )
+        body = _request(dw.CollectRequest, columns=dw.columns_to_wire(as_stored(columns)), next=then)
+        answer = self._call("POST", f"/experience/leases/{_segment(lease)}/collect", dw.CollectedBody, body)
+        if answer.next is None:
+            raise ExperienceError("the server answered the collection without the dispatch it was asked for")
+        return answer.collected(), answer.next.dispatch()
+
     def renew(self, lease: str, lease_s: float = 60.0) -> float:
         body = _request(dw.RenewRequest, lease_s=lease_s)
         return self._call("POST", f"/experience/leases/{_segment(lease)}/renew", dw.RenewBody, body).expires_at

@@ -32,6 +32,21 @@ class ExperienceLike(Protocol):
 
     def collect(self, lease: str, columns: Mapping[str, Sequence[Value]]) -> Collected: ...
 
+    def collect_and_dispatch(
+        self,
+        lease: str,
+        columns: Mapping[str, Sequence[Value]],
+        count: int | None = None,
+        *,
+        iteration: int | None = None,
+        groups: bool = False,
+        dp_size: int = 1,
+        balance_by: str | None = None,
+        max_tokens_per_microbatch: int | None = None,
+        lease_s: float = 60.0,
+        wait_s: float = 0.0,
+    ) -> tuple[Collected, Dispatch]: ...
+
     def renew(self, lease: str, lease_s: float = 60.0) -> float: ...
 
     def all_consumed(self, consumer: str, iteration: int) -> bool: ...

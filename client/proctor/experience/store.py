@@ -48,7 +48,7 @@ from proctor.experience.errors import (
     UnknownIterationError,
 )
 from proctor.experience.persistence import ExperienceTables, Lease, StoredTable, pack_cells, unpack_cells
-from proctor.experience.values import Value, decode_cell, encode_cell
+from proctor.experience.values import Value, decode_cells, encode_cell
 
 __all__ = [
     "Collected",
@@ -976,7 +976,7 @@ class ExperienceStore:
         cells = self._cell_bytes(table, slots, indices, c.needs) if columns != "none" else {}
         values = _decoded(cells) if columns == "values" else cells
         if balance_by is not None:
-            lengths = values[balance_by] if columns == "values" else _decoded_column(cells[balance_by])
+            lengths = values[balance_by] if columns == "values" else decode_cells(cells[balance_by])
             parts = _balanced(lengths, dp_size, max_tokens)
         else:
             parts = _parts(len(slots), dp_size, table.width if groups else 1)
@@ -1067,6 +1067,35 @@ class ExperienceStore:
             table.mask(table.held, c.name)[slots, indices] = False
             return collected
 
+    def collect_and_dispatch(
+        self,
+        lease: str,
+        columns: Mapping[str, Sequence[Value]],
+        count: int | None = None,
+        *,
+        iteration: int | None = None,
+        groups: bool = False,
+        dp_size: int = 1,
+        balance_by: str | None = None,
+        max_tokens_per_microbatch: int | None = None,
+        lease_s: float = 60.0,
+        wait_s: float = 0.0,
+    ) -> tuple[Collected, Dispatch]:
+        """:meth:`collect`, then :meth:`dispatch` for the same consumer: a worker's next rows with its results (over
+        HTTP, one request). A refused collection dispatches nothing."""
+        collected = self.collect(lease, columns)
+        return collected, self.dispatch(
+            collected.consumer,
+            count,
+            iteration=iteration,
+            groups=groups,
+            dp_size=dp_size,
+            balance_by=balance_by,
+            max_tokens_per_microbatch=max_tokens_per_microbatch,
+            lease_s=lease_s,
+            wait_s=wait_s,
+        )
+
     def renew(self, lease: str, lease_s: float = 60.0) -> float:
         """Extend a live lease to ``lease_s`` seconds from now; returns its new expiry."""
         self._check_lease_s(lease_s)
@@ -1134,11 +1163,7 @@ def _parts(n: int, dp_size: int, unit: int) -> tuple[tuple[int, ...], ...]:
 
 
 def _decoded(cells: Mapping[str, list[bytes | None]]) -> dict[str, list[Value]]:
-    return {name: _decoded_column(column) for name, column in cells.items()}
-
-
-def _decoded_column(column: list[bytes | None]) -> list[Value]:
-    return [None if cell is None else decode_cell(cell) for cell in column]
+    return {name: decode_cells(column) for name, column in cells.items()}
 
 
 def _balanced(values: Iterable[Value], dp_size: int, max_tokens: int | None) -> tuple[tuple[int, ...], ...]:

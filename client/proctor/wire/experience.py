@@ -144,6 +144,12 @@ def dispatch_json(d: Dispatch) -> bytes:
     return json.dumps(head, separators=(",", ":")).encode()[:-1] + b',"columns":' + _columns_json(d.columns) + b"}"
 
 
+def collected_json(c: Collected, dispatched: bytes | None = None) -> bytes:
+    """A :class:`CollectedBody` as JSON, with ``dispatched`` (a :func:`dispatch_json`) as its ``next``."""
+    head = CollectedBody.of(c).model_dump_json(exclude={"next"}).encode()
+    return head if dispatched is None else head[:-1] + b',"next":' + dispatched + b"}"
+
+
 def columns_from_wire(columns: Mapping[str, WireColumn]) -> dict[str, list[Value]]:
     return {name: column_from_wire(f"columns.{name}", column) for name, column in columns.items()}
 
@@ -275,12 +281,19 @@ class DispatchBody(_Wire):
 
 class CollectRequest(_Wire):
     columns: Annotated[dict[_Name, WireColumn], Field(max_length=64)] = {}
+    next: DispatchRequest | None = Field(
+        default=None,
+        description="Then dispatch the consumer's next rows, as its /dispatch with this body would (``wait_s`` a "
+        "long poll), answered in ``next``: a worker's one request where it would make two. A dispatch that fails "
+        "answers its error with the collection stored (collecting it again writes nothing twice).",
+    )
 
 
 class CollectedBody(_Wire):
     consumer: str
     iteration: int
     rows: list[tuple[int, int]] = Field(description="(slot, index) of each row consumed, in dispatch order.")
+    next: DispatchBody | None = Field(default=None, description="The next dispatch, when the request asked for it.")
 
     @classmethod
     def of(cls, c: Collected) -> CollectedBody:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 from pydantic import SecretStr
 
-from proctor.experience import LeaseError
+from proctor.experience import Dispatch, LeaseError
 from proctor.experience import columns as col
 from proctor.experience.loop import ExperienceLike
 from proctor.server.grading.fanout import GraderFanout
@@ -109,47 +109,63 @@ class GradeWorker:
     async def _grade(self, stop: asyncio.Event, idle_exit_s: float | None) -> WorkerStats:
         wait_s = DISPATCH_WAIT_S if idle_exit_s is None else min(DISPATCH_WAIT_S, idle_exit_s)
         last_work = time.monotonic()
+        batch: Dispatch | None = None  # the rows a collection's answer brought, to grade next
         while not stop.is_set():
             if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
                 break
+            if batch is None:
+                try:
+                    batch = await asyncio.to_thread(
+                        self.experience.dispatch,
+                        col.GRADER.name,
+                        self.rows_per_dispatch,
+                        lease_s=self.lease_s,
+                        wait_s=wait_s,
+                    )
+                except self.transient as exc:
+                    self.stats.unreachable += 1
+                    log.warning("the dataserver is unreachable (%s); trying again in %gs", exc, _RECONNECT_S)
+                    await _sleep(stop, _RECONNECT_S)
+                    continue
+            if batch.lease is None:
+                batch = None
+                continue  # the dispatch waited for a row already
+            async with renewing(self._renew, batch.lease, self.lease_s):
+                columns = await grade_rows(self.fanout, self.graders, batch.columns)
+            batch = await self._collect(batch.lease, columns, len(batch), stop, wait_s)
+            last_work = time.monotonic()
+        return self.stats
+
+    async def _collect(
+        self, lease: str, columns: Mapping[str, list[object]], rows: int, stop: asyncio.Event, wait_s: float
+    ) -> Dispatch | None:
+        """Collect the rows' rewards, and with them dispatch the next rows (one request): those rows, or None
+        when the collection was refused or the worker is stopping."""
+        while not stop.is_set():
             try:
-                batch = await asyncio.to_thread(
-                    self.experience.dispatch,
-                    col.GRADER.name,
+                _, batch = await asyncio.to_thread(
+                    self.experience.collect_and_dispatch,
+                    lease,
+                    columns,
                     self.rows_per_dispatch,
                     lease_s=self.lease_s,
                     wait_s=wait_s,
                 )
-            except self.transient as exc:
-                self.stats.unreachable += 1
-                log.warning("the dataserver is unreachable (%s); trying again in %gs", exc, _RECONNECT_S)
-                await _sleep(stop, _RECONNECT_S)
-                continue
-            if batch.lease is None:
-                continue  # the dispatch waited for a row already
-            async with renewing(self._renew, batch.lease, self.lease_s):
-                columns = await grade_rows(self.fanout, self.graders, batch.columns)
-            await self._collect(batch.lease, columns, len(batch), stop)
-            last_work = time.monotonic()
-        return self.stats
-
-    async def _collect(self, lease: str, columns: Mapping[str, list[object]], rows: int, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.to_thread(self.experience.collect, lease, columns)
             except LeaseError as exc:
                 # Its rows went back to the pool and are graded by whoever holds them now.
                 self.stats.refused += 1
                 log.warning("dropped the rewards of %d rows: %s", rows, exc)
-                return
+                return None
             except self.transient as exc:
-                # The server is restarting: its lease survives the restart, so the result is still wanted.
+                # The server is restarting: its lease survives the restart, so the result is still wanted (and
+                # collecting it again, if the first attempt was stored, writes nothing twice).
                 self.stats.unreachable += 1
                 log.warning("the dataserver is unreachable (%s); collecting again in %gs", exc, _RECONNECT_S)
                 await _sleep(stop, _RECONNECT_S)
                 continue
             self.stats.graded += rows
-            return
+            return batch
+        return None
 
     async def _renew(self, lease: str, lease_s: float) -> float:
         return await asyncio.to_thread(self.experience.renew, lease, lease_s)

@@ -167,18 +167,22 @@ async def dispatch(
 ) -> Response:
     """Claim rows ready for the consumer under a lease (empty, with ``lease: null``, when none is ready, at once
     or after ``wait_s`` without one)."""
-    x = server.experience
-    if body.wait_s > 0:
-        empty, answer = await server.rollouts.when_ready(body.wait_s, lambda: x.call(_dispatch, x.store, name, body))
-    else:
-        empty, answer = await x.call(_dispatch, x.store, name, body)
+    empty, answer = await _dispatched(server, name, body)
     # An idle worker's dispatches, one every few seconds, would bury the requests that matter in the log.
     request.state.quiet = empty
-    return answer
+    return Response(answer, media_type="application/json")
 
 
-def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) -> tuple[bool, Response]:
-    """Whether the dispatch found no row, and its answer. Never waits: the store's thread is every write's."""
+async def _dispatched(server: Dataserver, name: str, body: dw.DispatchRequest) -> tuple[bool, bytes]:
+    """A dispatch, waiting up to ``wait_s`` for a ready row: whether it found none, and its JSON."""
+    x = server.experience
+    if body.wait_s > 0:
+        return await server.rollouts.when_ready(body.wait_s, lambda: x.call(_dispatch, x.store, name, body))
+    return await x.call(_dispatch, x.store, name, body)
+
+
+def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) -> tuple[bool, bytes]:
+    """Whether the dispatch found no row, and its JSON. Never waits: the store's thread is every write's."""
     batch = experience.dispatch(
         name,
         body.count,
@@ -190,7 +194,7 @@ def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) 
         lease_s=body.lease_s,
         cells=True,
     )
-    return batch.lease is None, Response(dw.dispatch_json(batch), media_type="application/json")
+    return batch.lease is None, dw.dispatch_json(batch)
 
 
 @router.get("/consumers/{name}/tables/{iteration}", response_model=dw.ConsumptionBody, responses=error_responses(404))
@@ -214,8 +218,11 @@ async def collect(
     """Write the consumer's results for the leased rows and mark them consumed; an expired lease is a 409.
 
     The ``grader`` role's results are grades: they are stored and counted in the curriculum's statistics.
+    With ``next``, then dispatch the consumer's next rows (once the collection is stored), answered in ``next``.
     """
-    return _json(dw.CollectedBody.of(await server.rollouts.collect_wire(lease, body)))
+    collected = await server.rollouts.collect_wire(lease, body)
+    dispatched = None if body.next is None else (await _dispatched(server, collected.consumer, body.next))[1]
+    return Response(dw.collected_json(collected, dispatched), media_type="application/json")
 
 
 @router.post(
