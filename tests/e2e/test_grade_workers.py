@@ -173,6 +173,26 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_counts_nothing_twice(
         assert counted(url) == SLOTS * GROUP
 
 
+def test_a_worker_stopped_mid_batch_collects_what_it_holds_and_takes_nothing_more(
+    live_server: Callable[..., Any], curriculum: Path, gate: Path, workers: Callable[..., Worker]
+) -> None:
+    with live_server(curriculum=curriculum, grader_workers=0) as url:
+        texts = post_step(url, 0, gate)
+        worker = workers(url, lease_s=30.0)  # no lease ends within the test: only the worker's collection counts
+        eventually(lambda: grading(url, 0)["held"] == SLOTS * GROUP, "the worker holds every row")
+        post_step(url, 1, gate)
+        worker.proc.send_signal(signal.SIGTERM)  # mid-batch: its grader waits on the gate
+        eventually(lambda: "SIGTERM: stopping once the rows it holds" in worker.output(), "the worker stops")
+        gate.unlink()
+        assert worker.proc.wait(timeout=DEADLINE_S) == 0, worker.output()
+        state = grading(url, 0)
+        assert (state["consumed"], state["held"], state["all_consumed"]) == (SLOTS * GROUP, 0, True)
+        assert rewards(url, 0) == [float(len(t)) for t in texts]
+        assert counted(url) == SLOTS * GROUP
+        # The next step's rows, written before the stop, were left for others.
+        assert (grading(url, 1)["held"], grading(url, 1)["consumed"]) == (0, 0)
+
+
 def plain_items(url: str, step: int, gate: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Sample ``step`` and build its /grade items as a client without the store does (no table opened)."""
     answer = httpx.post(url + "/sample", json={"iteration": step, "batch_size": SLOTS})

@@ -83,8 +83,13 @@ def grade_worker(args: argparse.Namespace) -> int:
 async def _until_signalled(options: GradeWorkerOptions) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def stopping(sig: signal.Signals) -> None:
+        log.info("%s: stopping once the rows it holds are graded and collected", sig.name)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping, sig)
     await grade(options, stop)
 
 

@@ -76,8 +76,8 @@ class WorkerStats:
 
 
 class GradeWorker:
-    """``await worker.run()`` grades rows until ``stop`` is set (or, with ``idle_exit_s``, until no row came
-    for that long)."""
+    """``await worker.run()`` grades rows until ``stop`` is set (then it grades and collects the rows it holds,
+    and takes no more), or, with ``idle_exit_s``, until no row came for that long."""
 
     def __init__(
         self,
@@ -109,11 +109,11 @@ class GradeWorker:
     async def _grade(self, stop: asyncio.Event, idle_exit_s: float | None) -> WorkerStats:
         wait_s = DISPATCH_WAIT_S if idle_exit_s is None else min(DISPATCH_WAIT_S, idle_exit_s)
         last_work = time.monotonic()
-        batch: Dispatch | None = None  # the rows a collection's answer brought, to grade next
-        while not stop.is_set():
-            if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
-                break
+        batch: Dispatch | None = None  # rows held: those a collection's answer brought, graded even when stopping
+        while True:
             if batch is None:
+                if stop.is_set() or (idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s):
+                    break
                 try:
                     batch = await asyncio.to_thread(
                         self.experience.dispatch,
@@ -139,33 +139,41 @@ class GradeWorker:
     async def _collect(
         self, lease: str, columns: Mapping[str, list[object]], rows: int, stop: asyncio.Event, wait_s: float
     ) -> Dispatch | None:
-        """Collect the rows' rewards, and with them dispatch the next rows (one request): those rows, or None
-        when the collection was refused or the worker is stopping."""
-        while not stop.is_set():
+        """Collect the rows' rewards and, unless the worker is stopping, dispatch its next rows in the same
+        request: those rows, or None."""
+        while True:
             try:
-                _, batch = await asyncio.to_thread(
-                    self.experience.collect_and_dispatch,
-                    lease,
-                    columns,
-                    self.rows_per_dispatch,
-                    lease_s=self.lease_s,
-                    wait_s=wait_s,
-                )
+                if stop.is_set():  # finish what it holds, take nothing new
+                    await asyncio.to_thread(self.experience.collect, lease, columns)
+                    batch = None
+                else:
+                    _, batch = await asyncio.to_thread(
+                        self.experience.collect_and_dispatch,
+                        lease,
+                        columns,
+                        self.rows_per_dispatch,
+                        lease_s=self.lease_s,
+                        wait_s=wait_s,
+                    )
             except LeaseError as exc:
                 # Its rows went back to the pool and are graded by whoever holds them now.
                 self.stats.refused += 1
                 log.warning("dropped the rewards of %d rows: %s", rows, exc)
                 return None
             except self.transient as exc:
+                self.stats.unreachable += 1
+                if stop.is_set():
+                    log.warning(
+                        "stopping with the dataserver unreachable (%s): %d rows go back at their lease's end", exc, rows
+                    )
+                    return None
                 # The server is restarting: its lease survives the restart, so the result is still wanted (and
                 # collecting it again, if the first attempt was stored, writes nothing twice).
-                self.stats.unreachable += 1
                 log.warning("the dataserver is unreachable (%s); collecting again in %gs", exc, _RECONNECT_S)
                 await _sleep(stop, _RECONNECT_S)
                 continue
             self.stats.graded += rows
             return batch
-        return None
 
     async def _renew(self, lease: str, lease_s: float) -> float:
         return await asyncio.to_thread(self.experience.renew, lease, lease_s)
