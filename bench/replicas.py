@@ -3,9 +3,9 @@ what a ``kill -9`` of the serving process costs.
 
 Throughput: the rollout path's ``/sample`` and ``/grade`` loads (``bench.rollout_path``, 8 connections) against
 one server directly, against that server through nginx (``bench/_balancer.py``), and against two servers of the
-database through nginx (one serves, the other forwards each request it gets to it). Then the ceiling of any
-design in which two processes share the work: two servers that share nothing (each its own database on the same
-PostgreSQL), each asked directly on half the connections, at the same time.
+database through nginx (one serves, the other forwards each request it gets to it). Then a bound for servers
+that share one run's work: two servers that share nothing (each its own database on the same PostgreSQL), each
+asked directly on half the connections, at the same time.
 
 Failover: three servers behind nginx and 8 connections asking for new iterations (a write each) without
 retrying; after a while the serving process is killed with SIGKILL. Counted: the requests that failed, and the
