@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ __all__ = [
     "dispatch_requests",
     "drive",
     "percentile",
+    "process_cpu_s",
     "row",
     "write_curriculum",
 ]
@@ -39,10 +41,19 @@ class Row:
     p50_ms: float
     p99_ms: float
     goal: str = ""
+    cpu_ms: float | None = None
+    """The server process's CPU time (all its threads) per request, where the benchmark reads it."""
 
     @property
     def per_second(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system, all threads) a process has used so far, from ``/proc`` (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        after_name = f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+    return (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -29,7 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import Connection
-from bench._load import GRADE_ITEMS, Row, completion, dispatch_requests, drive, row, write_curriculum
+from bench._load import (
+    GRADE_ITEMS,
+    Row,
+    completion,
+    dispatch_requests,
+    drive,
+    process_cpu_s,
+    row,
+    write_curriculum,
+)
 from bench._postgresql import cluster
 from bench._results import save
 from proctor.cli.launcher import ServerProcess
@@ -44,12 +53,23 @@ POSTGRESQL_GOALS = {"sample": "", "grade": "≥ 0.7×"}
 
 
 async def measure(
-    port: int, seconds: float, answer_of: Callable[[str], str], *, concurrency: int = CONCURRENCY
+    port: int,
+    seconds: float,
+    answer_of: Callable[[str], str],
+    *,
+    concurrency: int = CONCURRENCY,
+    pid: int | None = None,
 ) -> dict[str, Row]:
-    """The two rows, ``/sample`` then ``/grade``, against the server on ``port``."""
+    """The two rows, ``/sample`` then ``/grade``, against the server on ``port``; with ``pid``, each with that
+    process's CPU time per request."""
 
-    def timed(fn: Callable[[Connection], Awaitable[None]]) -> Awaitable[tuple[list[float], float]]:
-        return drive(fn, seconds=seconds, concurrency=concurrency, host="127.0.0.1", port=port)
+    async def timed(name: str, fn: Callable[[Connection], Awaitable[None]]) -> Row:
+        before = None if pid is None else process_cpu_s(pid)
+        latencies, elapsed = await drive(fn, seconds=seconds, concurrency=concurrency, host="127.0.0.1", port=port)
+        measured = row(name, latencies, elapsed)
+        if pid is not None and before is not None and latencies:
+            measured.cpu_ms = (process_cpu_s(pid) - before) * 1000 / len(latencies)
+        return measured
 
     iterations = itertools.count()
     served: list[tuple[int, list[str]]] = []
@@ -59,7 +79,7 @@ async def measure(
         answer = await c.json("POST", "/sample", {"iteration": step, "batch_size": SAMPLE_BATCH})
         served.append((step, [s["sample_id"] for s in answer["samples"]]))
 
-    sample = row(f"/sample new iteration (batch {SAMPLE_BATCH})", *await timed(new_sample))
+    sample = await timed(f"/sample new iteration (batch {SAMPLE_BATCH})", new_sample)
     requests = itertools.count()
     group = GRADE_ITEMS // SAMPLE_BATCH
 
@@ -79,8 +99,13 @@ async def measure(
         ]
         await c.json("POST", "/grade", {"iteration": step, "items": items})
 
-    graded = row(f"/grade ({GRADE_ITEMS} completions)", *await timed(grade))
+    graded = await timed(f"/grade ({GRADE_ITEMS} completions)", grade)
     return {"sample": sample, "grade": graded}
+
+
+def _pid(server: ServerProcess) -> int:
+    assert server.proc is not None, "started"
+    return server.proc.pid
 
 
 def run(seconds: float = SECONDS) -> dict[str, Any]:
@@ -109,18 +134,18 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
             subcommand=None,
         )
         with baseline:
-            bare = asyncio.run(measure(baseline.port, seconds, answer_of))
+            bare = asyncio.run(measure(baseline.port, seconds, answer_of, pid=_pid(baseline)))
         args = [str(curriculum), "--database-url", str(folder / "state.db"), "--log-level", "warning"]
         # Every sampled step's table is kept, so that each /grade finds the step it grades (a trainer grades the
         # step it just sampled; this load samples thousands first).
         keep = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": "1000000"}
         with ServerProcess(args, log=folder / "server.log", cwd=ROOT, env=keep) as server:
-            now = asyncio.run(measure(server.port, seconds, answer_of))
+            now = asyncio.run(measure(server.port, seconds, answer_of, pid=_pid(server)))
         # The same server, its state in a PostgreSQL database on this machine.
         with cluster() as pg:
             pg_args = [str(curriculum), "--database-url", pg.new_database(), "--log-level", "warning"]
             with ServerProcess(pg_args, log=folder / "postgresql.log", cwd=ROOT, env=keep) as server:
-                on_postgresql = asyncio.run(measure(server.port, seconds, answer_of))
+                on_postgresql = asyncio.run(measure(server.port, seconds, answer_of, pid=_pid(server)))
         # The grader role in two `proctor grade-worker` processes instead (one grader process each: as many as
         # the server's own pool has on this machine), the server grading nothing itself.
         args = [str(curriculum), "--database-url", str(folder / "remote.db"), "--log-level", "warning"]
@@ -135,7 +160,7 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
                 deadline = time.monotonic() + 60
                 while dispatch_requests(server.url) < REMOTE_WORKERS and time.monotonic() < deadline:
                     time.sleep(0.05)
-                remote = asyncio.run(measure(server.port, seconds, answer_of))
+                remote = asyncio.run(measure(server.port, seconds, answer_of, pid=_pid(server)))
             finally:
                 for w in workers:
                     w.terminate()
@@ -153,18 +178,22 @@ def _compared(
 ) -> list[str]:
     """Rows of ``/sample`` and ``/grade``: ``side``'s rates and p99 beside ``base``'s, and their ratio."""
     lines = [
-        f"| endpoint | {heads[0]} req/s | {heads[0]} p99 ms | {heads[1]} req/s | {heads[1]} p99 ms | {heads[2]} "
-        "| goal |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        f"| endpoint | {heads[0]} req/s | {heads[0]} p99 ms | {heads[0]} CPU ms/req | {heads[1]} req/s | "
+        f"{heads[1]} p99 ms | {heads[1]} CPU ms/req | {heads[2]} | goal |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for key in ("sample", "grade"):
         a, b = Row(**results[side][key]), Row(**results[base][key])
         ratio = a.per_second / b.per_second if b.per_second else float("nan")
         lines.append(
-            f"| {a.name} | {a.per_second:.0f} | {a.p99_ms:.1f} | {b.per_second:.0f} | {b.p99_ms:.1f} | "
-            f"{ratio:.2f}× | {goals[key]} |"
+            f"| {a.name} | {a.per_second:.0f} | {a.p99_ms:.1f} | {_cpu(a)} | {b.per_second:.0f} | {b.p99_ms:.1f} | "
+            f"{_cpu(b)} | {ratio:.2f}× | {goals[key]} |"
         )
     return lines
+
+
+def _cpu(r: Row) -> str:
+    return "" if r.cpu_ms is None else f"{r.cpu_ms:.2f}"
 
 
 def table(results: dict[str, Any]) -> str:
@@ -174,11 +203,11 @@ def table(results: dict[str, Any]) -> str:
     remote, local = Row(**results["remote"]), Row(**results["proctor"]["grade"])
     lines += [
         "",
-        "| /grade's grader role | req/s | p99 ms | ÷ the server's pool | goal |",
-        "| --- | ---: | ---: | ---: | --- |",
-        f"| the server's pool | {local.per_second:.0f} | {local.p99_ms:.1f} | 1.00× | |",
+        "| /grade's grader role | req/s | p99 ms | server CPU ms/req | ÷ the server's pool | goal |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+        f"| the server's pool | {local.per_second:.0f} | {local.p99_ms:.1f} | {_cpu(local)} | 1.00× | |",
         f"| {REMOTE_WORKERS} `proctor grade-worker`s, 1 grader process each | {remote.per_second:.0f} | "
-        f"{remote.p99_ms:.1f} | {remote.per_second / local.per_second:.2f}× | ≥ 0.9× |",
+        f"{remote.p99_ms:.1f} | {_cpu(remote)} | {remote.per_second / local.per_second:.2f}× | ≥ 0.9× |",
     ]
     return "\n".join(lines)
 
