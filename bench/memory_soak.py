@@ -166,12 +166,11 @@ def run(
             cwd=ROOT,
         )
         with server:
-            assert server.proc is not None
             marks = asyncio.run(
                 _soak(
                     "127.0.0.1",
                     server.port,
-                    server.proc.pid,
+                    server.pid,
                     iterations=iterations,
                     batch_size=batch_size,
                     grade_every=grade_every,

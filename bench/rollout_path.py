@@ -64,10 +64,10 @@ async def measure(
     process's CPU time per request."""
 
     async def timed(name: str, fn: Callable[[Connection], Awaitable[None]]) -> Row:
-        before = None if pid is None else process_cpu_s(pid)
+        before = 0.0 if pid is None else process_cpu_s(pid)
         latencies, elapsed = await drive(fn, seconds=seconds, concurrency=concurrency, host="127.0.0.1", port=port)
         measured = row(name, latencies, elapsed)
-        if pid is not None and before is not None and latencies:
+        if pid is not None and latencies:
             measured.cpu_ms = (process_cpu_s(pid) - before) * 1000 / len(latencies)
         return measured
 
@@ -103,11 +103,6 @@ async def measure(
     return {"sample": sample, "grade": graded}
 
 
-def _pid(server: ServerProcess) -> int:
-    assert server.proc is not None, "started"
-    return server.proc.pid
-
-
 def run(seconds: float = SECONDS) -> dict[str, Any]:
     results: dict[str, Any] = {
         "env": {
@@ -134,18 +129,18 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
             subcommand=None,
         )
         with baseline:
-            bare = asyncio.run(measure(baseline.port, seconds, answer_of, pid=_pid(baseline)))
+            bare = asyncio.run(measure(baseline.port, seconds, answer_of, pid=baseline.pid))
         args = [str(curriculum), "--database-url", str(folder / "state.db"), "--log-level", "warning"]
         # Every sampled step's table is kept, so that each /grade finds the step it grades (a trainer grades the
         # step it just sampled; this load samples thousands first).
         keep = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": "1000000"}
         with ServerProcess(args, log=folder / "server.log", cwd=ROOT, env=keep) as server:
-            now = asyncio.run(measure(server.port, seconds, answer_of, pid=_pid(server)))
+            now = asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))
         # The same server, its state in a PostgreSQL database on this machine.
         with cluster() as pg:
             pg_args = [str(curriculum), "--database-url", pg.new_database(), "--log-level", "warning"]
             with ServerProcess(pg_args, log=folder / "postgresql.log", cwd=ROOT, env=keep) as server:
-                on_postgresql = asyncio.run(measure(server.port, seconds, answer_of, pid=_pid(server)))
+                on_postgresql = asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))
         # The grader role in two `proctor grade-worker` processes instead (one grader process each: as many as
         # the server's own pool has on this machine), the server grading nothing itself.
         args = [str(curriculum), "--database-url", str(folder / "remote.db"), "--log-level", "warning"]
@@ -160,7 +155,7 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
                 deadline = time.monotonic() + 60
                 while dispatch_requests(server.url) < REMOTE_WORKERS and time.monotonic() < deadline:
                     time.sleep(0.05)
-                remote = asyncio.run(measure(server.port, seconds, answer_of, pid=_pid(server)))
+                remote = asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))
             finally:
                 for w in workers:
                     w.terminate()

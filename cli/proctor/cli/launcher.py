@@ -55,6 +55,13 @@ class ServerProcess:
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def pid(self) -> int:
+        """The server's process id, once started."""
+        if self.proc is None:
+            raise RuntimeError("the server was not started")
+        return self.proc.pid
+
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 

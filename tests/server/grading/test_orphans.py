@@ -74,7 +74,6 @@ def test_kill_9_of_the_server_takes_its_busy_graders_with_it(
     server = server_process(
         [str(curriculum), "--database-url", ":memory:", "--grader-workers", "2"], env={"PROCTOR_GRADER_TIMEOUT_S": "60"}
     )
-    assert server.proc is not None
     version = next(s["version"] for s in httpx.get(server.url + "/meta").json()["sources"] if s["name"] == "slowpoke")
 
     def grade() -> None:
@@ -94,7 +93,7 @@ def test_kill_9_of_the_server_takes_its_busy_graders_with_it(
             time.sleep(0.05)
         assert marker.exists(), f"the slow grader never started:\n{server.output()}"
         busy = int(marker.read_text())
-        workers = _children(server.proc.pid)
+        workers = _children(server.pid)
         assert busy in workers and len(workers) == 2, (busy, workers)
 
         server.kill()
