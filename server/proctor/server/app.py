@@ -43,8 +43,8 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
     The curriculum is loaded here, so a broken curriculum fails before a port is bound. The lifespan opens the
     state file, restores the curriculum state and starts the grader processes; it stops them on shutdown.
     Its start-up also sets the process's garbage collector: what start-up allocated is frozen, and the young
-    generation is collected every 10,000 allocations. Pass ``curriculum_obj`` to reuse an already loaded
-    curriculum.
+    generation is collected every ``_GC_YOUNG_THRESHOLD`` allocations rather than Python's 700. Pass
+    ``curriculum_obj`` to reuse an already loaded curriculum.
     """
     cur = curriculum_obj or load_curriculum(settings.curriculum, seed=settings.seed)
     metrics = Metrics()
