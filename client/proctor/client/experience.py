@@ -155,7 +155,17 @@ class ExperienceClient:
     ) -> Dispatch:
         """As :meth:`ExperienceStore.dispatch`; with ``wait_s`` (at most 30 s) the server holds the request until a
         row is ready or that long passed (a long poll)."""
-        body = _request(dw.DispatchRequest, **_dispatch_fields(locals()))
+        body = _request(
+            dw.DispatchRequest,
+            count=count,
+            iteration=iteration,
+            groups=groups,
+            dp_size=dp_size,
+            balance_by=balance_by,
+            max_tokens_per_microbatch=max_tokens_per_microbatch,
+            lease_s=lease_s,
+            wait_s=wait_s,
+        )
         return self._call(
             "POST", f"/experience/consumers/{_segment(consumer)}/dispatch", dw.DispatchBody, body
         ).dispatch()
@@ -171,16 +181,11 @@ class ExperienceClient:
         columns: Mapping[str, Sequence[Value]],
         count: int | None = None,
         *,
-        iteration: int | None = None,
-        groups: bool = False,
-        dp_size: int = 1,
-        balance_by: str | None = None,
-        max_tokens_per_microbatch: int | None = None,
         lease_s: float = 60.0,
         wait_s: float = 0.0,
     ) -> tuple[Collected, Dispatch]:
         """As :meth:`ExperienceStore.collect_and_dispatch`, in one request."""
-        then = _request(dw.DispatchRequest, **_dispatch_fields(locals()))
+        then = _request(dw.DispatchRequest, count=count, lease_s=lease_s, wait_s=wait_s)
         body = _request(dw.CollectRequest, columns=dw.columns_to_wire(as_stored(columns)), next=then)
         answer = self._call("POST", f"/experience/leases/{_segment(lease)}/collect", dw.CollectedBody, body)
         if answer.next is None:
@@ -207,11 +212,6 @@ class ExperienceClient:
     def _send(self, method: str, path: str, body: BaseModel) -> None:
         with _experience_errors():
             self.client._send(method, path, body)
-
-
-def _dispatch_fields(arguments: dict[str, Any]) -> dict[str, Any]:
-    """A dispatch's fields, from the arguments of a method that takes them (its ``locals()``)."""
-    return {name: arguments[name] for name in dw.DispatchRequest.model_fields}
 
 
 def _request(model: type[M], **fields: Any) -> M:

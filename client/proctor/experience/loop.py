@@ -38,11 +38,6 @@ class ExperienceLike(Protocol):
         columns: Mapping[str, Sequence[Value]],
         count: int | None = None,
         *,
-        iteration: int | None = None,
-        groups: bool = False,
-        dp_size: int = 1,
-        balance_by: str | None = None,
-        max_tokens_per_microbatch: int | None = None,
         lease_s: float = 60.0,
         wait_s: float = 0.0,
     ) -> tuple[Collected, Dispatch]: ...

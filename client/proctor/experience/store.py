@@ -1073,28 +1073,13 @@ class ExperienceStore:
         columns: Mapping[str, Sequence[Value]],
         count: int | None = None,
         *,
-        iteration: int | None = None,
-        groups: bool = False,
-        dp_size: int = 1,
-        balance_by: str | None = None,
-        max_tokens_per_microbatch: int | None = None,
         lease_s: float = 60.0,
         wait_s: float = 0.0,
     ) -> tuple[Collected, Dispatch]:
-        """:meth:`collect`, then :meth:`dispatch` for the same consumer: a worker's next rows with its results (over
-        HTTP, one request). A refused collection dispatches nothing."""
+        """:meth:`collect`, then :meth:`dispatch` of up to ``count`` rows for the same consumer: a worker's next rows
+        with its results (over HTTP, one request). A refused collection dispatches nothing."""
         collected = self.collect(lease, columns)
-        return collected, self.dispatch(
-            collected.consumer,
-            count,
-            iteration=iteration,
-            groups=groups,
-            dp_size=dp_size,
-            balance_by=balance_by,
-            max_tokens_per_microbatch=max_tokens_per_microbatch,
-            lease_s=lease_s,
-            wait_s=wait_s,
-        )
+        return collected, self.dispatch(collected.consumer, count, lease_s=lease_s, wait_s=wait_s)
 
     def renew(self, lease: str, lease_s: float = 60.0) -> float:
         """Extend a live lease to ``lease_s`` seconds from now; returns its new expiry."""
