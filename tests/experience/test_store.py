@@ -634,6 +634,20 @@ def test_a_refused_collection_dispatches_nothing(experience: ExperienceStore) ->
     assert counts(experience, "scorer", 0) == (3, 0, 1, 2)
 
 
+def test_a_refused_dispatch_after_a_collection_keeps_the_collection(experience: ExperienceStore) -> None:
+    ready_table(experience, slots=3, group_size=1)
+    batch = experience.dispatch("scorer", 1)
+    assert batch.lease is not None
+    # scorer has no dispatch_size, so a dispatch without count is refused: after the collection is stored.
+    with pytest.raises(ExperienceInputError, match="has no dispatch_size; give count"):
+        experience.collect_and_dispatch(batch.lease, {"score": [1.0]})
+    assert counts(experience, "scorer", 0) == (3, 1, 0, 2)
+    assert experience.read(0, batch.rows, ["score"]) == {"score": [1.0]}
+    collected, nxt = experience.collect_and_dispatch(batch.lease, {"score": [1.0]}, 2)  # a retry: a no-op
+    assert collected.rows == batch.rows and len(nxt) == 2
+    assert counts(experience, "scorer", 0) == (3, 1, 2, 0)
+
+
 def test_an_expired_lease_returns_its_rows_and_its_late_collect_is_refused(experience: ExperienceStore) -> None:
     ready_table(experience, slots=2, group_size=2)
     late = experience.dispatch("scorer", 3, lease_s=SHORT_LEASE_S)

@@ -220,9 +220,16 @@ async def collect(
     The ``grader`` role's results are grades: they are stored and counted in the curriculum's statistics.
     With ``next``, then dispatch the consumer's next rows (once the collection is stored), answered in ``next``.
     """
-    collected = await server.rollouts.collect_wire(lease, body)
-    dispatched = None if body.next is None else (await _dispatched(server, collected.consumer, body.next))[1]
-    return Response(dw.collected_json(collected, dispatched), media_type="application/json")
+    after = body.next
+    if after is None:
+        collected, _ = await server.rollouts.collect_wire(lease, body)
+        return Response(dw.collected_json(collected, None), media_type="application/json")
+    # The next dispatch's first look goes with the collection: one store call, one commit.
+    collected, first = await server.rollouts.collect_wire(lease, body, lambda x, name: _dispatch(x, name, after))
+    assert first is not None
+    if first[0] and after.wait_s > 0:
+        first = await _dispatched(server, collected.consumer, after)
+    return Response(dw.collected_json(collected, first[1]), media_type="application/json")
 
 
 @router.post(

@@ -28,7 +28,7 @@ from proctor.server.settings import Settings
 from proctor.server.storage import AsyncStore
 from proctor.server.store import Store
 
-__all__ = ["AsyncExperienceStore"]
+__all__ = ["AsyncExperienceStore", "refusal"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -44,7 +44,7 @@ _REFUSALS: dict[type[ExperienceError], type[RequestError]] = {
 }
 
 
-def _refusal(error: ExperienceError) -> RequestError:
+def refusal(error: ExperienceError) -> RequestError:
     """The server's refusal for one of the store's errors, with the error's ``code``."""
     if isinstance(error, ExperienceInputError):
         return InvalidRequestError(error.field, error.reason, code=error.code)
@@ -79,4 +79,4 @@ class AsyncExperienceStore:
         try:
             return await self._storage.write(fn, *args, **kwargs)
         except ExperienceError as exc:
-            raise _refusal(exc) from exc
+            raise refusal(exc) from exc

@@ -99,7 +99,9 @@ class GradingService:
             for it, row in zip(fresh, await self.rollouts.enqueue(completions), strict=True):
                 it.row = row
         waiting = [it for it in fresh if it.row not in values]
-        values.update(await self._wait(waiting))
+        # Rows this request wrote for the role elsewhere are graded by collections to come; those its own write
+        # left to another holder of the role may be graded already.
+        values.update(await self._wait(waiting, written_now=self.fanout is None))
         async with self._loop_share:
             return await self._answer(items, fresh, values, stored, raced)
 
@@ -158,7 +160,7 @@ class GradingService:
                 found[row] = value
         return found, written.raced
 
-    async def _wait(self, waiting: Sequence[_Item]) -> dict[_Row, _Graded]:
+    async def _wait(self, waiting: Sequence[_Item], *, written_now: bool) -> dict[_Row, _Graded]:
         """The rewards of rows another holder of the grader role grades (a remote grade-worker, or this
         server's role that took them first), or graded already."""
         by_table: dict[int, list[_Item]] = {}
@@ -169,7 +171,8 @@ class GradingService:
 
         async def one(table: int, its: list[_Item]) -> None:
             timeout = grading_time(len(its), max(s.grader_workers, 1), s.grader_timeout_s)
-            values = await self.rollouts.rewards(table, [it.row[1:] for it in its], timeout)
+            rows = [it.row[1:] for it in its]
+            values = await self.rollouts.rewards(table, rows, timeout, written_now=written_now)
             for n, it in enumerate(its):
                 out[it.row] = (float(values[col.REWARD][n]), *col.parse_reward_detail(values[col.REWARD_DETAIL][n]))
 

@@ -41,7 +41,7 @@ from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import ConflictError, RequestError, UnavailableError
 from proctor.server.services.batches import ServedBatch
 from proctor.server.services.context import ServingContext
-from proctor.server.services.experience import AsyncExperienceStore
+from proctor.server.services.experience import AsyncExperienceStore, refusal
 from proctor.server.services.ledger import GradeLedger
 from proctor.server.services.sampling import SamplingService
 from proctor.server.sources.base import Record, SampleId
@@ -134,7 +134,9 @@ class Rollouts:
         self.written = Signal()
         """Rows were written: what this server's grader role waits for."""
         self.collected: dict[int, Signal] = {}
-        """Per table, rows were collected: what ``/grade`` waits for, when another holder grades its rows."""
+        """Per table, rows were collected: what ``/experience`` reads wait for."""
+        self._awaited: dict[int, list[_Awaited]] = {}
+        """Per table, the rows ``/grade`` requests wait for the rewards of; collections fill them."""
         self._opened: dict[int, None] = {}
         self._opening: dict[int, asyncio.Future[None]] = {}
         self._opener: asyncio.Task[None] | None = None
@@ -293,6 +295,11 @@ class Rollouts:
                 await self._write_together([call])
             return
         await self._count(stored.parts)
+        if self._awaited:
+            # Rows of a table that another /grade waits for (the same completions posted twice at once).
+            for (table, slot, index), g in zip(stored.rows, graded, strict=True):
+                if table in self._awaited and (table, slot, index) in stored.collected:
+                    self._deliver(table, [(slot, index)], [g.reward], [g.detail])
         for table in sorted({table for table, _, _ in stored.collected}):
             await self._signal(table).notify()
         raced = {
@@ -320,12 +327,20 @@ class Rollouts:
         await self._counted(recorded)
         return recorded
 
-    async def collect_wire(self, lease: str, body: dw.CollectRequest) -> Collected:
-        """:meth:`collect` for a ``/experience`` request: its columns are decoded on the store's thread too."""
+    async def collect_wire(
+        self, lease: str, body: dw.CollectRequest, then: Callable[[ExperienceStore, str], T] | None = None
+    ) -> tuple[Collected, T | None]:
+        """:meth:`collect` for a ``/experience`` request: its columns are decoded on the store's thread too.
+        With ``then``, that is called there next, with the consumer's name, in the collection's transaction: a
+        worker's next dispatch, one store call and one commit with its collection. When ``then`` refuses (an
+        :class:`ExperienceError`, raised before it writes anything), the collection is stored all the same and
+        the refusal raised after."""
         x = self.experience
-        recorded = await x.call(_collect_wire, x.store, x.state, lease, body, self._stage_of)
+        recorded, after = await x.call(_collect_wire, x.store, x.state, lease, body, self._stage_of, then)
         await self._counted(recorded)
-        return recorded.collected
+        if isinstance(after, ExperienceError):
+            raise refusal(after) from after
+        return recorded.collected, after
 
     def _stage_of(self, step: int) -> int:
         # Read on the store's thread, beside the event loop: a sampled step's stage is fixed once it is sampled
@@ -336,7 +351,14 @@ class Rollouts:
     async def _counted(self, recorded: Recorded) -> None:
         """Count the grades a collection stored, and wake its table's waiters."""
         await self._count(recorded.parts)
-        await self._signal(recorded.collected.iteration).notify()
+        collected = recorded.collected
+        self._deliver(collected.iteration, collected.rows, *recorded.rewards)
+        await self._signal(collected.iteration).notify()
+
+    def _deliver(self, table: int, rows: Sequence[RowKey], rewards: Sequence[Value], details: Sequence[Value]) -> None:
+        """Hand collected rewards to the ``/grade`` requests waiting for those rows."""
+        for awaited in self._awaited.get(table, ()):
+            awaited.fill(rows, rewards, details)
 
     async def _count(self, parts: Sequence[tuple[list[GradeRow], StoredGrades]]) -> None:
         """Count stored grades in the curriculum's statistics, a slice at a time."""
@@ -352,43 +374,60 @@ class Rollouts:
                 del self.collected[next(iter(self.collected))]
         return signal
 
-    async def rewards(self, table: int, rows: Sequence[RowKey], timeout_s: float) -> dict[str, list[Value]]:
+    async def rewards(
+        self, table: int, rows: Sequence[RowKey], timeout_s: float, *, written_now: bool = False
+    ) -> dict[str, list[Value]]:
         """The grader role's columns of ``rows`` once all are written. A 503 when no grader role has claimed
-        them within the claim timeout, or they are not graded within ``timeout_s``."""
+        them within the claim timeout, or they are not graded within ``timeout_s``.
+
+        Collections hand their rewards to the waiting request as they are recorded. The rows' cells are read at
+        once, for rows graded already, unless the caller has ``written_now`` (it wrote them just before: only
+        a later collection grades them); and again each time a look's time passes without all delivered."""
         x = self.experience
+        awaited = _Awaited(rows)
+        waiting = self._awaited.setdefault(table, [])
+        waiting.append(awaited)
 
         async def read() -> dict[str, list[Value]]:
+            if awaited.complete:
+                return {col.REWARD: awaited.rewards, col.REWARD_DETAIL: awaited.details}
             return await x.call(x.store.read, table, rows, (col.REWARD, col.REWARD_DETAIL))
 
         s = self.ctx.settings
         start = time.monotonic()
         try:
-            return await self.when_written(table, s.grader_claim_timeout_s, read)
-        except RequestError as exc:
-            if exc.code != CellsMissingError.code:
-                raise
-        if not await x.call(x.store.claimed, col.GRADER.name, table, rows):
-            raise UnavailableError(
-                f"no grader claimed the {len(rows)} completions of table {table} within "
-                f"{s.grader_claim_timeout_s:g}s (PROCTOR_GRADER_CLAIM_TIMEOUT_S): "
-                + (
-                    "this server has no grader processes (PROCTOR_GRADER_WORKERS=0); start one with "
-                    "`proctor grade-worker --server URL`"
-                    if s.grader_workers == 0
-                    else "its graders are busy; add `proctor grade-worker --server URL` processes"
+            try:
+                return await _when_delivered(awaited, s.grader_claim_timeout_s, read, read_first=not written_now)
+            except RequestError as exc:
+                if exc.code != CellsMissingError.code:
+                    raise
+            if not await x.call(x.store.claimed, col.GRADER.name, table, rows):
+                raise UnavailableError(
+                    f"no grader claimed the {len(rows)} completions of table {table} within "
+                    f"{s.grader_claim_timeout_s:g}s (PROCTOR_GRADER_CLAIM_TIMEOUT_S): "
+                    + (
+                        "this server has no grader processes (PROCTOR_GRADER_WORKERS=0); start one with "
+                        "`proctor grade-worker --server URL`"
+                        if s.grader_workers == 0
+                        else "its graders are busy; add `proctor grade-worker --server URL` processes"
+                    )
+                    + ". They stay queued: post them again to get their rewards"
                 )
-                + ". They stay queued: post them again to get their rewards"
+            try:
+                left = max(0.0, timeout_s - (time.monotonic() - start))
+                return await _when_delivered(awaited, left, read, read_first=False)
+            except RequestError as exc:
+                if exc.code != CellsMissingError.code:
+                    raise
+            raise UnavailableError(
+                f"the grader role did not grade {len(rows)} completions of table {table} within {timeout_s:g}s; "
+                "the graders are busy or slow: raise PROCTOR_GRADER_TIMEOUT_S or add grade-workers, and post them "
+                "again to get their rewards"
             )
-        try:
-            return await self.when_written(table, max(0.0, timeout_s - (time.monotonic() - start)), read)
-        except RequestError as exc:
-            if exc.code != CellsMissingError.code:
-                raise
-        raise UnavailableError(
-            f"the grader role did not grade {len(rows)} completions of table {table} within {timeout_s:g}s; "
-            "the graders are busy or slow: raise PROCTOR_GRADER_TIMEOUT_S or add grade-workers, and post them "
-            "again to get their rewards"
-        )
+        finally:
+            waiting.remove(awaited)
+            if not waiting:
+                del self._awaited[table]
 
     async def renew(self, lease: str, lease_s: float) -> float:
         """Extend a lease of the grader role's (or any consumer's)."""
@@ -454,6 +493,51 @@ class Signal:
                 await asyncio.wait_for(self._changed.wait_for(lambda: self.version != since), timeout_s)
 
 
+class _Awaited:
+    """Rows of one table whose rewards a ``/grade`` waits for, filled as collections are recorded."""
+
+    def __init__(self, rows: Sequence[RowKey]) -> None:
+        self.at: dict[RowKey, list[int]] = {}
+        for n, row in enumerate(rows):
+            self.at.setdefault(row, []).append(n)
+        self.rewards: list[Value] = [None] * len(rows)
+        self.details: list[Value] = [None] * len(rows)
+        self.filled = asyncio.Event()
+        if not self.at:
+            self.filled.set()
+
+    @property
+    def complete(self) -> bool:
+        return not self.at
+
+    def fill(self, rows: Sequence[RowKey], rewards: Sequence[Value], details: Sequence[Value]) -> None:
+        for row, reward, detail in zip(rows, rewards, details, strict=True):
+            if reward is None:
+                continue  # collected without a reward: not graded, and read as such
+            for n in self.at.pop(row, ()):
+                self.rewards[n], self.details[n] = reward, detail
+        if not self.at:
+            self.filled.set()
+
+
+async def _when_delivered(awaited: _Awaited, wait_s: float, read: Callable[[], Awaitable[T]], *, read_first: bool) -> T:
+    """``read()`` once the rows are delivered or, each time a look's time passes without, once it no longer
+    fails for cells not yet written (at once too, with ``read_first``); its failure after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    wait = not read_first
+    while True:
+        if wait:
+            left = deadline - time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(awaited.filled.wait(), max(0.0, min(left, _LOOK_S)))
+        wait = True
+        try:
+            return await read()
+        except RequestError as exc:
+            if exc.code != CellsMissingError.code or deadline - time.monotonic() <= 0:
+                raise
+
+
 @dataclass(frozen=True, slots=True)
 class Recorded:
     """A collection and the grades it stored, in slices of at most a few hundred (each with its outcomes),
@@ -461,6 +545,9 @@ class Recorded:
 
     collected: Collected
     parts: list[tuple[list[GradeRow], StoredGrades]]
+    rewards: tuple[Sequence[Value], Sequence[Value]] = ((), ())
+    """The grader role's ``reward`` and ``reward_detail`` of the collected rows, in their order (none for
+    another consumer's collection)."""
 
 
 def _collect_and_record(
@@ -479,9 +566,21 @@ def _collect_and_record(
 
 
 def _collect_wire(
-    experience: ExperienceStore, state: Store, lease: str, body: dw.CollectRequest, stage_of: Callable[[int], int]
-) -> Recorded:
-    return _collect_and_record(experience, state, lease, dw.columns_from_wire(body.columns), stage_of)
+    experience: ExperienceStore,
+    state: Store,
+    lease: str,
+    body: dw.CollectRequest,
+    stage_of: Callable[[int], int],
+    then: Callable[[ExperienceStore, str], T] | None,
+) -> tuple[Recorded, T | ExperienceError | None]:
+    with experience.batch():
+        recorded = _collect_and_record(experience, state, lease, dw.columns_from_wire(body.columns), stage_of)
+        if then is None:
+            return recorded, None
+        try:
+            return recorded, then(experience, recorded.collected.consumer)
+        except ExperienceError as exc:  # refused before writing: the collection commits without it
+            return recorded, exc
 
 
 def _record(
@@ -512,7 +611,7 @@ def _record(
             source = SampleId.parse(str(sample_id)).source
             parts = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
             grades.append(GradeRow(key, stage_of(step), source, float(reward), *parts))
-        return Recorded(collected, _store_grades(state, grades))
+        return Recorded(collected, _store_grades(state, grades), (values[col.REWARD], values[col.REWARD_DETAIL]))
 
 
 def _store_grades(state: Store, grades: Sequence[GradeRow]) -> list[tuple[list[GradeRow], StoredGrades]]:
