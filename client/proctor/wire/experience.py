@@ -284,8 +284,8 @@ class CollectRequest(_Wire):
     next: DispatchRequest | None = Field(
         default=None,
         description="Then dispatch the consumer's next rows, as its /dispatch with this body would (``wait_s`` a "
-        "long poll), answered in ``next``: a worker's one request where it would make two. A dispatch that fails "
-        "answers its error with the collection stored (collecting it again writes nothing twice).",
+        "long poll), answered in ``next``: a worker's one request where it would make two. A dispatch the store "
+        "refuses answers its refusal with the collection stored (collecting it again writes nothing twice).",
     )
 
 

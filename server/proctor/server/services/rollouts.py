@@ -10,7 +10,8 @@ the grader role's rewards.
   grade: it is stored in the state file with its record's statistics, in the transaction that writes the
   rewards, and counted in the curriculum's statistics (:class:`GradeLedger`), once per completion however
   often a row is re-dispatched or posted.
-- Waiters (the local grader role, ``/grade`` waiting for rewards) are woken when rows are written or graded.
+- Waiters are woken when rows are written (the local grader role) or collected; a ``/grade`` waiting for the
+  role elsewhere is handed its rewards by the collections that grade its rows.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ _OPENED = 4096  # steps remembered as opened, so a repeated /sample costs no sto
 _RECOVER_ROWS = 4096
 _SIGNALS = 1024  # tables whose collections /grade can wait for at once
 _LOOK_S = 0.05
+# How often a /grade waiting for its rewards reads them without being handed them: for rows graded before it
+# waited, which no collection hands it.
+_DELIVERY_LOOK_S = 0.25
 # How often a waiting dispatch looks again without being woken: for rows that no write announces (those of a
 # lease that expired).
 _READY_LOOK_S = 0.25
@@ -529,7 +533,7 @@ async def _when_delivered(awaited: _Awaited, wait_s: float, read: Callable[[], A
         if wait:
             left = deadline - time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(awaited.filled.wait(), max(0.0, min(left, _LOOK_S)))
+                await asyncio.wait_for(awaited.filled.wait(), max(0.0, min(left, _DELIVERY_LOOK_S)))
         wait = True
         try:
             return await read()
