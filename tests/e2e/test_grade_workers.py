@@ -228,6 +228,25 @@ def test_a_plain_grade_is_graded_by_remote_workers_one_of_them_killed_mid_batch(
         assert counted(url) == SLOTS * GROUP
 
 
+def test_requests_of_the_same_completions_each_get_the_rewards_one_worker_collects(
+    live_server: Callable[..., Any], curriculum: Path, gate: Path, workers: Callable[..., Worker]
+) -> None:
+    with live_server(curriculum=curriculum, grader_workers=0) as url, ThreadPoolExecutor(3) as client:
+        items, texts = plain_items(url, 0, gate)
+
+        def post() -> list[float]:
+            answer = httpx.post(url + "/grade", json={"iteration": 0, "items": items}, timeout=DEADLINE_S)
+            return [r["reward"] for r in answer.raise_for_status().json()["results"]]
+
+        waiting = [client.submit(post) for _ in range(3)]  # each waits for the rows the first one wrote
+        eventually(lambda: grading(url, 0)["ready"] == SLOTS * GROUP, "the completions are written")
+        workers(url)
+        eventually(lambda: grading(url, 0)["held"] == SLOTS * GROUP, "the worker holds every row")
+        gate.unlink()
+        assert [w.result() for w in waiting] == [[float(len(t)) for t in texts]] * 3
+        assert counted(url) == SLOTS * GROUP
+
+
 def test_a_server_killed_between_storing_and_answering_a_grade_answers_its_retry_counting_once(
     graderless: ServerProcess, gate: Path, workers: Callable[..., Worker]
 ) -> None:
