@@ -247,6 +247,28 @@ def test_requests_of_the_same_completions_each_get_the_rewards_one_worker_collec
         assert counted(url) == SLOTS * GROUP
 
 
+def test_another_consumer_collects_rows_a_grade_waits_for_and_the_grade_still_gets_its_rewards(
+    live_server: Callable[..., Any], curriculum: Path, gate: Path, workers: Callable[..., Worker]
+) -> None:
+    with live_server(curriculum=curriculum, grader_workers=0) as url, ThreadPoolExecutor(1) as client:
+        items, texts = plain_items(url, 0, gate)
+        answer = client.submit(httpx.post, url + "/grade", json={"iteration": 0, "items": items}, timeout=DEADLINE_S)
+        eventually(lambda: grading(url, 0)["ready"] == SLOTS * GROUP, "the completions are written")
+        with ExperienceClient(url) as experience:
+            experience.register("scorer", needs=["completion"], produces=["score"])
+            batch = experience.dispatch("scorer", SLOTS * GROUP, iteration=0)
+            assert batch.lease is not None
+            collected = experience.collect(
+                batch.lease, {"score": [float(len(str(c))) for c in batch.columns["completion"]]}
+            )
+            assert len(collected.rows) == SLOTS * GROUP
+        workers(url)
+        gate.unlink()
+        results = answer.result().raise_for_status().json()["results"]
+        assert [r["reward"] for r in results] == [float(len(t)) for t in texts]
+        assert counted(url) == SLOTS * GROUP
+
+
 def test_a_server_killed_between_storing_and_answering_a_grade_answers_its_retry_counting_once(
     graderless: ServerProcess, gate: Path, workers: Callable[..., Worker]
 ) -> None:

@@ -356,7 +356,8 @@ class Rollouts:
         """Count the grades a collection stored, and wake its table's waiters."""
         await self._count(recorded.parts)
         collected = recorded.collected
-        self._deliver(collected.iteration, collected.rows, *recorded.rewards)
+        if recorded.rewards is not None:
+            self._deliver(collected.iteration, collected.rows, *recorded.rewards)
         await self._signal(collected.iteration).notify()
 
     def _deliver(self, table: int, rows: Sequence[RowKey], rewards: Sequence[Value], details: Sequence[Value]) -> None:
@@ -549,8 +550,8 @@ class Recorded:
 
     collected: Collected
     parts: list[tuple[list[GradeRow], StoredGrades]]
-    rewards: tuple[Sequence[Value], Sequence[Value]] = ((), ())
-    """The grader role's ``reward`` and ``reward_detail`` of the collected rows, in their order (none for
+    rewards: tuple[Sequence[Value], Sequence[Value]] | None = None
+    """The grader role's ``reward`` and ``reward_detail`` of the collected rows, in their order (None for
     another consumer's collection)."""
 
 
