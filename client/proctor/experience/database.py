@@ -118,7 +118,7 @@ class Database:
     def _pg(self, sql: str) -> str:
         statement = self._statements.get(sql)
         if statement is None:
-            # The statements hold no literal '?' or '%': placeholders are the only ones.
+            # The statements hold no literal '?' or '%': placeholders are the only ones (%b: rows()'s binary arrays).
             statement = self._statements[sql] = sql.replace("?", "%s")
         return statement
 
@@ -191,13 +191,16 @@ class Database:
 
     def rows(self, types: Sequence[str], rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
         """A set of ``rows`` (columns of the PostgreSQL ``types``, e.g. ``bigint``, ``text``) to select from or
-        insert: ``VALUES (?, ?), …`` on SQLite; on PostgreSQL ``SELECT * FROM unnest(?::bigint[], …)``, a short
-        statement with one array per column, which psycopg neither parses again nor binds value by value.
+        insert: ``VALUES (?, ?), …`` on SQLite; on PostgreSQL ``SELECT * FROM unnest(%b::bigint[], …)``, a short
+        statement with one binary array per column, which psycopg neither parses again nor binds value by value.
         Returns the SQL and its parameters; ``INSERT INTO t (…) <sql>`` and ``WITH k (…) AS (<sql>)`` take it."""
         if self.dialect == "sqlite":
             marks = "(" + ",".join("?" * len(types)) + ")"
             return "VALUES " + ",".join([marks] * len(rows)), [v for row in rows for v in row]
-        arrays = ", ".join(f"?::{t}[]" for t in types)
+        # Binary arrays (psycopg's %b): psycopg builds an array's text form in Python, an element at a time,
+        # and its binary form at half that cost. An empty array has no element to take a binary type from.
+        mark = "%b" if rows else "?"
+        arrays = ", ".join(f"{mark}::{t}[]" for t in types)
         columns = []
         for type_, column in zip(types, zip(*rows, strict=True), strict=True):
             # An array holds one Python type: 1 and 0.5 in one float column are both floats to psycopg.
