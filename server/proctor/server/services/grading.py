@@ -26,7 +26,9 @@ from proctor.server.pacing import paced
 from proctor.server.services.context import ServingContext
 from proctor.server.services.grade_rows import grade_rows
 from proctor.server.services.grader_role import LEASE_S, grading_time
-from proctor.server.services.rollouts import Completion, Graded, Rollouts, grade_key, reference
+from proctor.server.services.placement import Completion, Graded, reference
+from proctor.server.services.recording import grade_key
+from proctor.server.services.rollouts import Rollouts
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow
 from proctor.wire import dataserver as wire
