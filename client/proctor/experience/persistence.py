@@ -141,6 +141,9 @@ def _blob(values: npt.NDArray[np.integer]) -> bytes:
     return np.asarray(values, dtype="<i4").tobytes()
 
 
+_CHUNK_IDS = 256  # chunk ids a PostgreSQL connection takes from the sequence at once
+
+
 class ExperienceTables:
     """One database connection; its caller (:class:`~proctor.experience.store.ExperienceStore`) uses it one call
     at a time."""
@@ -163,6 +166,7 @@ class ExperienceTables:
             with self.transaction():
                 self._from_old_names()
         self._db.script(_SCHEMA)
+        self._ids: list[int] = []  # PostgreSQL's chunk ids taken ahead (_chunk_ids)
 
     def _exists(self, table: str) -> bool:
         return self._db.table_exists(table)
@@ -312,6 +316,8 @@ class ExperienceTables:
         cells: bytes,
     ) -> int:
         """Store one write's cells of one column (a :func:`pack_cells` blob); returns the chunk's id."""
+        if self._db.dialect != "sqlite":
+            return self.add_chunks(iteration, [(name, slots, indices, cells)])[0]
         return self._db.insert(
             "INSERT INTO experience_chunks (iteration, name, slots, indices, cells) VALUES (?, ?, ?, ?, ?)",
             (iteration, name, _blob(slots), None if indices is None else _blob(indices), cells),
@@ -323,22 +329,35 @@ class ExperienceTables:
         chunks: Sequence[tuple[str, npt.NDArray[np.integer], npt.NDArray[np.integer] | None, bytes]],
     ) -> list[int]:
         """:meth:`add_chunk` for several columns of one write, ``(name, slots, indices, cells)`` each; returns
-        their ids in order. On PostgreSQL one statement (a round trip to the server is the cost there)."""
-        if self._db.dialect == "sqlite" or len(chunks) < 2:
+        their ids in order. On PostgreSQL the ids come from the table's sequence ahead of time, so that the insert
+        goes with the transaction's next statement (:meth:`Database.defer`) rather than waiting for a round trip
+        of its own to return them."""
+        if self._db.dialect == "sqlite":
             return [self.add_chunk(iteration, name, slots, indices, cells) for name, slots, indices, cells in chunks]
-        rows = [
-            (iteration, name, _blob(slots), None if indices is None else _blob(indices), cells)
-            for name, slots, indices, cells in chunks
-        ]
-        returned = self._db.execute(
-            "INSERT INTO experience_chunks (iteration, name, slots, indices, cells) VALUES "
-            + ",".join(["(?, ?, ?, ?, ?)"] * len(rows))
-            + " RETURNING id, name",
-            [v for row in rows for v in row],
-        ).fetchall()
-        # A write's columns have distinct names: its ids by name, in the order asked (whatever order rows return).
-        ids = {name: int(id_) for id_, name in returned}
-        return [ids[name] for name, *_ in chunks]
+        if not chunks:
+            return []
+        ids = self._chunk_ids(len(chunks))
+        params: list[object] = []
+        for id_, (name, slots, indices, cells) in zip(ids, chunks, strict=True):
+            params += [id_, iteration, name, _blob(slots), None if indices is None else _blob(indices), cells]
+        self._db.defer(
+            "INSERT INTO experience_chunks (id, iteration, name, slots, indices, cells) VALUES "
+            + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunks)),
+            params,
+        )
+        return ids
+
+    def _chunk_ids(self, n: int) -> list[int]:
+        """``n`` chunk ids from the sequence, taken a few hundred at a time. A sequence is not rolled back: an id
+        taken in a transaction that fails is never used, and one taken by another server never twice."""
+        while len(self._ids) < n:
+            taken = self._db.execute(
+                "SELECT nextval(pg_get_serial_sequence('experience_chunks', 'id')) FROM generate_series(1, ?)",
+                (max(n, _CHUNK_IDS),),
+            ).fetchall()
+            self._ids += [int(i) for (i,) in taken]
+        ids, self._ids = self._ids[:n], self._ids[n:]
+        return ids
 
     def add_lease(self, lease: Lease) -> None:
         self._db.defer(
