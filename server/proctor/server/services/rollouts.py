@@ -53,8 +53,8 @@ T = TypeVar("T")
 
 _OPENED = 4096  # steps remembered as opened, so a repeated /sample costs no store call
 _RECOVER_ROWS = 4096
-_SIGNALS = 1024  # tables whose collections /grade can wait for at once
-_LOOK_S = 0.05
+_SIGNALS = 1024  # tables whose collections /experience reads can wait for at once
+_LOOK_S = 0.05  # how often a waiting /experience read looks again without being woken
 # How often a waiting dispatch looks again without being woken: for rows that no write announces (those of a
 # lease that expired).
 _READY_LOOK_S = 0.25
@@ -264,13 +264,15 @@ class Rollouts:
                 await self._write_together([call])
             return
         await self._count(stored.parts)
-        if self._awaited:
-            # Rows of a table that another /grade waits for (the same completions posted twice at once).
-            for (table, slot, index), g in zip(stored.rows, graded, strict=True):
-                if table in self._awaited and (table, slot, index) in stored.collected:
-                    self._deliver(table, [(slot, index)], [g.reward], [g.detail])
-        for table in sorted({table for table, _, _ in stored.collected}):
-            await self._signal(table).notify()
+        by_table: dict[int, tuple[list[RowKey], list[Value], list[Value]]] = {}
+        for (table, slot, index), g in zip(stored.rows, graded, strict=True):
+            if (table, slot, index) in stored.collected:
+                keys, rewards, details = by_table.setdefault(table, ([], [], []))
+                keys.append((slot, index))
+                rewards.append(g.reward)
+                details.append(g.detail)
+        for table, (keys, rewards, details) in sorted(by_table.items()):
+            await self._collected(table, keys, rewards, details)
         raced = {
             row.key
             for rows, grades in stored.parts
@@ -318,17 +320,22 @@ class Rollouts:
         return self.ctx.progress.stage_of(step)
 
     async def _counted(self, recorded: Recorded) -> None:
-        """Count the grades a collection stored, and wake its table's waiters."""
+        """Count the grades a collection stored, and tell its table's waiters."""
         await self._count(recorded.parts)
         collected = recorded.collected
-        if recorded.rewards is not None:
-            self._deliver(collected.iteration, collected.rows, *recorded.rewards)
-        await self._signal(collected.iteration).notify()
+        if recorded.rewards is None:  # another consumer's collection: no rewards to hand
+            await self._collected(collected.iteration, (), (), ())
+        else:
+            await self._collected(collected.iteration, collected.rows, *recorded.rewards)
 
-    def _deliver(self, table: int, rows: Sequence[RowKey], rewards: Sequence[Value], details: Sequence[Value]) -> None:
-        """Hand collected rewards to the ``/grade`` requests waiting for those rows."""
+    async def _collected(
+        self, table: int, rows: Sequence[RowKey], rewards: Sequence[Value], details: Sequence[Value]
+    ) -> None:
+        """Rows of ``table`` were collected: hand the grader role's rewards of ``rows`` to the ``/grade`` requests
+        waiting for them, and wake the table's ``/experience`` readers."""
         for awaited in self._awaited.get(table, ()):
             awaited.fill(rows, rewards, details)
+        await self._signal(table).notify()
 
     async def _count(self, parts: Sequence[tuple[list[GradeRow], StoredGrades]]) -> None:
         """Count stored grades in the curriculum's statistics, a slice at a time."""
