@@ -368,6 +368,23 @@ def test_a_waiting_dispatch_takes_rows_written_while_it_waits(experience: Experi
     assert sorted(batch.rows) == [(0, 0), (1, 0)]
 
 
+def test_the_next_dispatch_of_a_collection_waits_for_rows_written_after_it(experience: ExperienceStore) -> None:
+    experience.open(0, slots=2, group_size=1)
+    experience.register("scorer", needs=["prompt"], produces=["score"])
+    experience.put(0, [(0, 0)], {"prompt": ["a"]})
+    batch = experience.dispatch("scorer", 1)
+    assert batch.lease is not None
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(experience.collect_and_dispatch, batch.lease, {"score": [1.0]}, 1, wait_s=30)
+        deadline = time.monotonic() + 60
+        while counts(experience, "scorer", 0)[1] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the collection is stored; its dispatch found nothing and waits
+        experience.put(0, [(1, 0)], {"prompt": ["b"]})
+        collected, nxt = waiting.result(timeout=60)
+    assert collected.rows == ((0, 0),)
+    assert nxt.lease is not None and nxt.rows == ((1, 0),)
+
+
 def test_dispatch_without_iteration_takes_the_oldest_table_with_a_ready_row(experience: ExperienceStore) -> None:
     experience.open(0, slots=1, group_size=2)
     experience.open(1, slots=1, group_size=2)

@@ -173,12 +173,13 @@ async def dispatch(
     return Response(answer, media_type="application/json")
 
 
-async def _dispatched(server: Dataserver, name: str, body: dw.DispatchRequest) -> tuple[bool, bytes]:
-    """A dispatch, waiting up to ``wait_s`` for a ready row: whether it found none, and its JSON."""
+async def _dispatched(
+    server: Dataserver, name: str, body: dw.DispatchRequest, *, since: int | None = None
+) -> tuple[bool, bytes]:
+    """A dispatch, waiting up to ``wait_s`` for a ready row: whether it found none, and its JSON. With ``since``
+    (see :meth:`Rollouts.when_ready`), a look made already found none, and none is made again without waiting."""
     x = server.experience
-    if body.wait_s > 0:
-        return await server.rollouts.when_ready(body.wait_s, lambda: x.call(_dispatch, x.store, name, body))
-    return await x.call(_dispatch, x.store, name, body)
+    return await server.rollouts.when_ready(body.wait_s, lambda: x.call(_dispatch, x.store, name, body), since=since)
 
 
 def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) -> tuple[bool, bytes]:
@@ -225,10 +226,11 @@ async def collect(
         collected, _ = await server.rollouts.collect_wire(lease, body)
         return Response(dw.collected_json(collected, None), media_type="application/json")
     # The next dispatch's first look goes with the collection: one store call, one commit.
+    since = server.rollouts.written.version
     collected, first = await server.rollouts.collect_wire(lease, body, lambda x, name: _dispatch(x, name, after))
-    assert first is not None
+    assert first is not None  # collect_wire answers what it was given to call
     if first[0] and after.wait_s > 0:
-        first = await _dispatched(server, collected.consumer, after)
+        first = await _dispatched(server, collected.consumer, after, since=since)
     return Response(dw.collected_json(collected, first[1]), media_type="application/json")
 
 

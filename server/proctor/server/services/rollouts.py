@@ -423,17 +423,21 @@ class Rollouts:
                 part = Collected(col.GRADER.name, info.iteration, tuple(rows[start : start + _RECOVER_ROWS]))
                 await self._counted(await x.call(recording.record, x.store, x.state, part, {}, self._stage_of))
 
-    async def when_ready(self, wait_s: float, dispatch: Callable[[], Awaitable[tuple[bool, T]]]) -> tuple[bool, T]:
+    async def when_ready(
+        self, wait_s: float, dispatch: Callable[[], Awaitable[tuple[bool, T]]], *, since: int | None = None
+    ) -> tuple[bool, T]:
         """``dispatch()`` (which says whether it found no row, and its answer) again until it finds rows or
-        ``wait_s`` passed: a long poll, woken by the writes that make rows ready. Its last outcome."""
+        ``wait_s`` passed: a long poll, woken by the writes that make rows ready. Its last outcome. With ``since``
+        (:attr:`written`'s version before a look the caller made, which found no row), the first look waits for
+        a write after it, or a look's time."""
         deadline = time.monotonic() + wait_s
         while True:
+            if since is not None:
+                await self.written.wait(since, max(0.0, min(deadline - time.monotonic(), _READY_LOOK_S)))
             since = self.written.version
             empty, answer = await dispatch()
-            left = deadline - time.monotonic()
-            if not empty or left <= 0:
+            if not empty or deadline - time.monotonic() <= 0:
                 return empty, answer
-            await self.written.wait(since, min(left, _READY_LOOK_S))
 
     async def when_written(self, table: int, wait_s: float, read: Callable[[], Awaitable[T]]) -> T:
         """``read()`` once it no longer fails for cells not yet written, or its failure after ``wait_s``."""
