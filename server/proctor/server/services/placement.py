@@ -4,7 +4,8 @@ the step's table of loose completions (:func:`~proctor.experience.columns.loose_
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,12 +83,8 @@ def enqueue(
     what this reads is still so when it writes. The request is checked first (a refused one writes nothing),
     then its writes are one commit."""
     check_indices(experience, completions)
-    try:
-        with experience.batch():
-            return place(experience, loose_slots, completions, stage_names)
-    except BaseException:
-        loose_slots.clear()  # slots the batch added were rolled back with it: read the tables again
-        raise
+    with _placing(experience, loose_slots):
+        return place(experience, loose_slots, completions, stage_names)
 
 
 def write_graded(
@@ -102,30 +99,40 @@ def write_graded(
     grader role and collected with their rewards, their grades stored, in one transaction."""
     completions = [g.completion for g in graded]
     check_indices(experience, completions)
+    with _placing(experience, loose_slots):
+        rows = place(experience, loose_slots, completions, stage_names)
+        at = {row: n for n, row in enumerate(rows)}
+        by_table: dict[int, list[RowKey]] = {}
+        for table, slot, index in rows:
+            by_table.setdefault(table, []).append((slot, index))
+        grades: list[GradeRow] = []
+        collected: set[tuple[int, int, int]] = set()
+        for table, keys in by_table.items():
+            # Rows already graded, or held by another holder of the role, are left out of the lease.
+            lease = experience.claim(col.GRADER.name, table, keys, lease_s=lease_s, read=False)
+            if lease.lease is None:
+                continue
+            mine = [graded[at[(table, slot, index)]] for slot, index in lease.rows]
+            experience.collect(
+                lease.lease, {col.REWARD: [g.reward for g in mine], col.REWARD_DETAIL: [g.detail for g in mine]}
+            )
+            grades.extend(g.grade for g in mine)
+            collected.update((table, slot, index) for slot, index in lease.rows)
+        # All the grades in one store of them: it costs about the same for one row as for a few hundred.
+        return StoredGraded(rows, collected, store_grades(state, grades))
+
+
+@contextmanager
+def _placing(
+    experience: ExperienceStore, loose_slots: dict[int, dict[tuple[int, str, int], list[int]]]
+) -> Iterator[None]:
+    """One transaction of placed completions. The slots a failed one added were rolled back with it: the index
+    of loose slots is dropped, to be read from the tables again."""
     try:
         with experience.batch():
-            rows = place(experience, loose_slots, completions, stage_names)
-            at = {row: n for n, row in enumerate(rows)}
-            by_table: dict[int, list[RowKey]] = {}
-            for table, slot, index in rows:
-                by_table.setdefault(table, []).append((slot, index))
-            grades: list[GradeRow] = []
-            collected: set[tuple[int, int, int]] = set()
-            for table, keys in by_table.items():
-                # Rows already graded, or held by another holder of the role, are left out of the lease.
-                lease = experience.claim(col.GRADER.name, table, keys, lease_s=lease_s, read=False)
-                if lease.lease is None:
-                    continue
-                mine = [graded[at[(table, slot, index)]] for slot, index in lease.rows]
-                experience.collect(
-                    lease.lease, {col.REWARD: [g.reward for g in mine], col.REWARD_DETAIL: [g.detail for g in mine]}
-                )
-                grades.extend(g.grade for g in mine)
-                collected.update((table, slot, index) for slot, index in lease.rows)
-            # All the grades in one store of them: it costs about the same for one row as for a few hundred.
-            return StoredGraded(rows, collected, store_grades(state, grades))
+            yield
     except BaseException:
-        loose_slots.clear()  # slots the batch added were rolled back with it: read the tables again
+        loose_slots.clear()
         raise
 
 
