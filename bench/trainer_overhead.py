@@ -75,9 +75,9 @@ def _timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
     return wrapper
 
 
-def _config(out: Path, steps: int) -> GRPOConfig:
+def _config(out: Path, steps: int, gpu: bool) -> GRPOConfig:
     return GRPOConfig(
-        **run_defaults(out),
+        **run_defaults(out, gpu=gpu),
         per_device_train_batch_size=BATCH,
         num_generations=GENERATIONS,
         max_completion_length=16,
@@ -167,14 +167,14 @@ def _proctor_run(
     return Run(variant, f"the dataserver, through {path}", steps, reward_ms[WARMUP:], fetch_ms), grade_ms
 
 
-def run(steps_per_run: int = STEPS, rounds: int = ROUNDS) -> tuple[list[Run], dict[str, object]]:
+def run(steps_per_run: int = STEPS, rounds: int = ROUNDS, gpu: bool = False) -> tuple[list[Run], dict[str, object]]:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # leave a core to the server and its graders
     runs: list[Run] = []
     grade_ms: list[float] = []
     with tempfile.TemporaryDirectory(prefix="proctor-bench-") as tmp:
         folder = Path(tmp)
         model = build_tiny_model(folder / "tiny")
-        config = _config(folder / "run", steps_per_run)
+        config = _config(folder / "run", steps_per_run, gpu)
         server = ServerProcess(
             [str(builtin_path("arithmetic")), "--database-url", str(folder / "state.db"), "--log-level", "warning"],
             log=folder / "server.log",
@@ -208,6 +208,7 @@ def run(steps_per_run: int = STEPS, rounds: int = ROUNDS) -> tuple[list[Run], di
                         grade_ms.append(ms)
     env: dict[str, object] = {
         "cpus": os.cpu_count(),
+        "device": torch.cuda.get_device_name() if gpu else "cpu",
         "torch_threads": torch.get_num_threads(),
         "steps_per_run": steps_per_run,
         "warmup": WARMUP,
@@ -260,11 +261,14 @@ def main(argv: Sequence[str] = ()) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench trainer_overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=STEPS, help=f"steps a run, the first {WARMUP} left out ({STEPS})")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"runs of each variant, alternating ({ROUNDS})")
+    parser.add_argument("--gpu", action="store_true", help="train on the CUDA device, in bf16 (default: the CPU)")
     args = parser.parse_args(list(argv))
     if args.steps <= WARMUP or args.rounds < 1:
         parser.error(f"--steps must be more than {WARMUP} and --rounds at least 1")
-    runs, env = run(args.steps, args.rounds)
-    print(f"GRPO step, tiny model on the CPU, {BATCH} completions per step ({env['cpus']} CPUs)")
+    if args.gpu and not torch.cuda.is_available():
+        parser.error("--gpu needs a CUDA device and a CUDA build of torch; this torch sees none")
+    runs, env = run(args.steps, args.rounds, args.gpu)
+    print(f"GRPO step, tiny model on {env['device']}, {BATCH} completions per step ({env['cpus']} CPUs)")
     print(table(runs))
     print(f"server-side time per /grade (mean, from its metrics): {env['server_grade_ms_mean']:.2f} ms")
     save("trainer_overhead", {"env": env, "runs": [asdict(r) for r in runs]})
