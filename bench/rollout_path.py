@@ -145,8 +145,9 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
         # the server's own pool has on this machine), the server grading nothing itself.
         args = [str(curriculum), "--database-url", str(folder / "remote.db"), "--log-level", "warning"]
         with ServerProcess([*args, "--grader-workers", "0"], log=folder / "remote.log", cwd=ROOT, env=keep) as server:
+            # The worker's defaults: a dispatch takes up to 256 rows from up to 8 tables, so the rows of up to four
+            # /grade requests (a table each) in one request and one grading batch.
             cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", server.url, "--workers", "1"]
-            cmd += ["--rows-per-dispatch", str(GRADE_ITEMS)]
             workers = [
                 subprocess.Popen([*cmd, "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL)
                 for _ in range(REMOTE_WORKERS)

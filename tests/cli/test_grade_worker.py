@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from proctor.cli.grade_worker import server_graders
+from proctor.cli.main import build_parser
 from proctor.client import ProctorClient
 from proctor.client.errors import NotReadyError, TransportError
 
@@ -54,3 +55,16 @@ def test_graders_that_never_answer_end_the_wait_with_their_failure() -> None:
     with pytest.raises(TransportError, match=r"GET http://proctor.test/graders failed after 3 attempts"):
         server_graders(client, timeout_s=0.0)
     assert calls == ["/healthz", "/graders", "/graders", "/graders"]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0", "0 is outside 1 to 4096"), ("65", "65 is more than 64 tables"), ("x", "'x' is not a whole number")],
+)
+def test_a_tables_per_dispatch_the_server_would_refuse_is_refused_at_once(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["grade-worker", "--server", "http://127.0.0.1:1", "--tables-per-dispatch", value])
+    assert exit_.value.code == 2
+    assert f"argument --tables-per-dispatch: {message}" in capsys.readouterr().err

@@ -247,6 +247,27 @@ def test_requests_of_the_same_completions_each_get_the_rewards_one_worker_collec
         assert counted(url) == SLOTS * GROUP
 
 
+def test_one_worker_grades_the_rows_of_several_grades_at_once_a_lease_per_table(
+    live_server: Callable[..., Any], curriculum: Path, gate: Path, workers: Callable[..., Worker]
+) -> None:
+    steps = range(3)
+    with live_server(curriculum=curriculum, grader_workers=0) as url, ThreadPoolExecutor(len(steps)) as client:
+        posted = [plain_items(url, step, gate) for step in steps]
+        answers = [
+            client.submit(httpx.post, url + "/grade", json={"iteration": step, "items": items}, timeout=DEADLINE_S)
+            for step, (items, _) in zip(steps, posted, strict=True)
+        ]
+        eventually(lambda: all(grading(url, s)["ready"] == SLOTS * GROUP for s in steps), "every step is written")
+        workers(url)
+        # One grader process and the gate shut: every table's rows held at once came in one dispatch.
+        eventually(lambda: all(grading(url, s)["held"] == SLOTS * GROUP for s in steps), "the worker holds them all")
+        gate.unlink()
+        for answer, (_, texts) in zip(answers, posted, strict=True):
+            results = answer.result().raise_for_status().json()["results"]
+            assert [r["reward"] for r in results] == [float(len(t)) for t in texts]
+        assert counted(url) == len(steps) * SLOTS * GROUP
+
+
 def test_another_consumer_collects_rows_a_grade_waits_for_and_the_grade_still_gets_its_rewards(
     live_server: Callable[..., Any], curriculum: Path, gate: Path, workers: Callable[..., Worker]
 ) -> None:

@@ -665,6 +665,86 @@ def test_a_refused_dispatch_after_a_collection_keeps_the_collection(experience: 
     assert counts(experience, "scorer", 0) == (3, 1, 2, 0)
 
 
+def ready_tables(experience: ExperienceStore, tables: int, slots: int = 2) -> None:
+    for iteration in range(tables):
+        ready_table(experience, slots=slots, group_size=1, iteration=iteration)
+
+
+def test_dispatch_many_takes_rows_of_the_oldest_tables_a_lease_each(experience: ExperienceStore) -> None:
+    ready_tables(experience, 4)
+    found = experience.dispatch_many("scorer", 5, tables=3)
+    assert [(d.iteration, len(d)) for d in found] == [(0, 2), (1, 2), (2, 1)]
+    assert len({d.lease for d in found}) == 3 and None not in {d.lease for d in found}
+    assert [d.columns["prompt"] for d in found] == [["p0.0", "p1.0"], ["p0.0", "p1.0"], ["p0.0"]]
+    assert [counts(experience, "scorer", i) for i in range(4)] == [
+        (2, 0, 2, 0),
+        (2, 0, 2, 0),
+        (2, 0, 1, 1),
+        (2, 0, 0, 2),
+    ]
+    # At most `tables` tables, whatever is left of count.
+    assert [(d.iteration, len(d)) for d in experience.dispatch_many("scorer", 8, tables=1)] == [(2, 1)]
+    assert [(d.iteration, len(d)) for d in experience.dispatch_many("scorer", 8)] == [(3, 2)]
+    assert experience.dispatch_many("scorer", 8) == ()
+
+
+def test_collect_many_collects_each_lease_and_answers_a_refused_one_in_its_place(experience: ExperienceStore) -> None:
+    ready_tables(experience, 3)
+    late = experience.dispatch("scorer", 2, iteration=0, lease_s=SHORT_LEASE_S)
+    assert late.lease is not None
+    time.sleep(PAST_SHORT_LEASE_S)
+    held = experience.dispatch_many("scorer", 4, tables=2)
+    assert [d.iteration for d in held] == [0, 1]  # the expired lease's rows went back to the pool
+    unknown = "0123456789abcdef0123456789abcdef"
+    results = [
+        (late.lease, {"score": [9.0, 9.0]}),
+        *((d.lease or "", {"score": [float(d.iteration), 1.0]}) for d in held),
+        (unknown, {"score": [1.0]}),
+    ]
+    outcomes = experience.collect_many("scorer", results)
+    assert isinstance(outcomes[0], LeaseError) and "expired" in str(outcomes[0])
+    assert outcomes[1:3] == (Collected("scorer", 0, held[0].rows), Collected("scorer", 1, held[1].rows))
+    assert isinstance(outcomes[3], LeaseError) and "is unknown" in str(outcomes[3])
+    assert experience.read(0, [(0, 0), (1, 0)], ["score"]) == {"score": [0.0, 1.0]}
+    assert experience.read(1, [(0, 0), (1, 0)], ["score"]) == {"score": [1.0, 1.0]}
+    assert experience.all_consumed("scorer", 0) and experience.all_consumed("scorer", 1)
+    assert experience.collect_many("scorer", results[1:3]) == outcomes[1:3]  # a retry: a no-op
+
+
+def test_collect_many_refused_for_one_collections_input_writes_none_of_them(experience: ExperienceStore) -> None:
+    ready_tables(experience, 2)
+    held = experience.dispatch_many("scorer", 4)
+    assert [d.iteration for d in held] == [0, 1]
+    results = [(held[0].lease or "", {"score": [1.0, 2.0]}), (held[1].lease or "", {"score": [1.0]})]
+    with pytest.raises(ExperienceInputError, match=re.escape("columns.score: 1 values for 2 rows")):
+        experience.collect_many("scorer", results)
+    assert [counts(experience, "scorer", i) for i in range(2)] == [(2, 0, 2, 0), (2, 0, 2, 0)]
+    assert "score" not in experience.table(0).written
+    experience.register("other", needs=["prompt"], produces=["score"])
+    with pytest.raises(
+        ExperienceInputError, match=r"^collections\[0\]: lease .* belongs to consumer 'scorer', not 'other'"
+    ):
+        experience.collect_many("other", results[:1])
+    assert counts(experience, "scorer", 0) == (2, 0, 2, 0)
+
+
+def test_collect_and_dispatch_many_stores_the_results_and_hands_out_the_next_tables(
+    experience: ExperienceStore,
+) -> None:
+    ready_tables(experience, 3)
+    first = experience.dispatch_many("scorer", 2, tables=2)
+    assert [(d.iteration, len(d)) for d in first] == [(0, 2)]
+    outcomes, second = experience.collect_and_dispatch_many(
+        "scorer", [(first[0].lease or "", {"score": [0.0, 1.0]})], 4, tables=2
+    )
+    assert outcomes == (Collected("scorer", 0, first[0].rows),)
+    assert [(d.iteration, len(d)) for d in second] == [(1, 2), (2, 2)]
+    results = [(d.lease or "", {"score": [2.0, 3.0]}) for d in second]
+    outcomes, third = experience.collect_and_dispatch_many("scorer", results, 4)
+    assert [o.iteration for o in outcomes if isinstance(o, Collected)] == [1, 2] and third == ()
+    assert all(experience.all_consumed("scorer", i) for i in range(3))
+
+
 def test_an_expired_lease_returns_its_rows_and_its_late_collect_is_refused(experience: ExperienceStore) -> None:
     ready_table(experience, slots=2, group_size=2)
     late = experience.dispatch("scorer", 3, lease_s=SHORT_LEASE_S)
@@ -815,6 +895,15 @@ BAD_INPUTS: list[tuple[str, Callable[[ExperienceStore], object], str]] = [
     ("lease_s-0", lambda d: d.dispatch("reader", 1, lease_s=0), "lease_s: 0 is outside"),
     ("lease_s-negative", lambda d: d.dispatch("reader", 1, lease_s=-1.0), "lease_s: -1.0 is outside"),
     ("dp_size-0", lambda d: d.dispatch("reader", 1, dp_size=0), "dp_size: 0 is outside"),
+    ("tables-0", lambda d: d.dispatch_many("reader", 1, tables=0), "tables: 0 is outside"),
+    ("tables-65", lambda d: d.dispatch_many("reader", 1, tables=65), "tables: 65 is outside"),
+    ("dispatch_many-count-0", lambda d: d.dispatch_many("reader", 0), "count: 0 is outside"),
+    ("dispatch_many-lease_s-0", lambda d: d.dispatch_many("reader", 1, lease_s=0), "lease_s: 0 is outside"),
+    (
+        "collect_many-too-many",
+        lambda d: d.collect_many("reader", [("0123456789abcdef", {})] * 65),
+        "collections: 65 is outside",
+    ),
     (
         "groups-and-balance_by",
         lambda d: d.dispatch("reader", 2, groups=True, balance_by="x"),

@@ -40,6 +40,7 @@ class GradeWorkerOptions:
     api_key: str | None = None
     processes: int | None = None  # grader processes; None: one per core
     rows_per_dispatch: int = 256
+    tables_per_dispatch: int = 8
     lease_s: float = 30.0
     connect_timeout_s: float = 60.0
     exit_when_idle_s: float | None = None
@@ -54,6 +55,7 @@ class GradeWorkerOptions:
             judge_api_key=SecretStr(judge_key) if judge_key else None,
             processes=args.workers,
             rows_per_dispatch=args.rows_per_dispatch,
+            tables_per_dispatch=args.tables_per_dispatch,
             lease_s=args.lease_s,
             connect_timeout_s=args.connect_timeout_s,
             exit_when_idle_s=args.exit_when_idle_s,
@@ -130,6 +132,7 @@ async def grade(options: GradeWorkerOptions, stop: asyncio.Event) -> WorkerStats
                     http,
                     timeout_s=spec.timeout_s,
                     rows_per_dispatch=options.rows_per_dispatch,
+                    tables_per_dispatch=options.tables_per_dispatch,
                     lease_s=options.lease_s,
                     transient=(TransportError, NotReadyError, ServerFailure),
                     judge_api_key=options.judge_api_key,

@@ -61,6 +61,14 @@ def _export(args: argparse.Namespace) -> int:
     return export(args)
 
 
+def _tables(text: str) -> int:
+    """Tables one dispatch takes rows of: 1 to 64 (the server's bound)."""
+    value = _count(text)
+    if value > 64:
+        raise argparse.ArgumentTypeError(f"{value} is more than 64 tables, the most one dispatch takes")
+    return value
+
+
 def _count(text: str) -> int:
     """A number of processes or actors: 1 to 4096."""
     try:
@@ -161,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker_p.add_argument("--api-key", help="the server's API key (default: env PROCTOR_API_KEY)")
     worker_p.add_argument("--rows-per-dispatch", type=int, default=256, help="rows claimed at a time (default 256)")
+    worker_p.add_argument(
+        "--tables-per-dispatch",
+        type=_tables,
+        default=8,
+        help="tables a claim may take those rows from, a lease each: a step's, or a /grade's (default 8, at most 64)",
+    )
     worker_p.add_argument(
         "--connect-timeout-s", type=float, default=60.0, help="how long to wait for the server at start (default 60)"
     )

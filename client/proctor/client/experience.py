@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from proctor.client.errors import DataserverError, ServerError
 from proctor.client.http import ProctorClient
-from proctor.experience.errors import ExperienceError, ExperienceInputError, error_class
+from proctor.experience.errors import ExperienceError, ExperienceInputError, LeaseError, error_class
 from proctor.experience.store import Collected, Consumer, Consumption, Dispatch, RowKey, TableInfo
 from proctor.experience.values import Value, as_stored
 from proctor.wire import experience as dw
@@ -191,6 +191,52 @@ class ExperienceClient:
         if answer.next is None:
             raise ExperienceError("the server answered the collection without the dispatch it was asked for")
         return answer.collected(), answer.next.dispatch()
+
+    def dispatch_many(
+        self, consumer: str, count: int | None = None, *, tables: int = 8, lease_s: float = 60.0, wait_s: float = 0.0
+    ) -> tuple[Dispatch, ...]:
+        """As :meth:`ExperienceStore.dispatch_many`; ``wait_s`` (at most 30 s) is a long poll, as for
+        :meth:`dispatch`."""
+        body = _request(dw.DispatchManyRequest, count=count, tables=tables, lease_s=lease_s, wait_s=wait_s)
+        path = f"/experience/consumers/{_segment(consumer)}/dispatches"
+        return self._call("POST", path, dw.DispatchesBody, body).all()
+
+    def collect_many(
+        self, consumer: str, results: Sequence[tuple[str, Mapping[str, Sequence[Value]]]]
+    ) -> tuple[Collected | LeaseError, ...]:
+        """As :meth:`ExperienceStore.collect_many`, in one request."""
+        return self._collections(consumer, results, None).outcomes()
+
+    def collect_and_dispatch_many(
+        self,
+        consumer: str,
+        results: Sequence[tuple[str, Mapping[str, Sequence[Value]]]],
+        count: int | None = None,
+        *,
+        tables: int = 8,
+        lease_s: float = 60.0,
+        wait_s: float = 0.0,
+    ) -> tuple[tuple[Collected | LeaseError, ...], tuple[Dispatch, ...]]:
+        """As :meth:`ExperienceStore.collect_and_dispatch_many`, in one request."""
+        then = _request(dw.DispatchManyRequest, count=count, tables=tables, lease_s=lease_s, wait_s=wait_s)
+        answer = self._collections(consumer, results, then)
+        if answer.next is None:
+            raise ExperienceError("the server answered the collections without the dispatches they asked for")
+        return answer.outcomes(), answer.next.all()
+
+    def _collections(
+        self,
+        consumer: str,
+        results: Sequence[tuple[str, Mapping[str, Sequence[Value]]]],
+        then: dw.DispatchManyRequest | None,
+    ) -> dw.CollectedManyBody:
+        collections = [
+            _request(dw.Collection, lease=lease, columns=dw.columns_to_wire(as_stored(columns)))
+            for lease, columns in results
+        ]
+        body = _request(dw.CollectManyRequest, collections=collections, next=then)
+        path = f"/experience/consumers/{_segment(consumer)}/collections"
+        return self._call("POST", path, dw.CollectedManyBody, body)
 
     def renew(self, lease: str, lease_s: float = 60.0) -> float:
         body = _request(dw.RenewRequest, lease_s=lease_s)

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from proctor.experience.errors import LeaseError
 from proctor.experience.store import Collected, Dispatch
 from proctor.experience.values import Value
 
@@ -41,6 +42,25 @@ class ExperienceLike(Protocol):
         lease_s: float = 60.0,
         wait_s: float = 0.0,
     ) -> tuple[Collected, Dispatch]: ...
+
+    def dispatch_many(
+        self, consumer: str, count: int | None = None, *, tables: int = 8, lease_s: float = 60.0, wait_s: float = 0.0
+    ) -> tuple[Dispatch, ...]: ...
+
+    def collect_many(
+        self, consumer: str, results: Sequence[tuple[str, Mapping[str, Sequence[Value]]]]
+    ) -> tuple[Collected | LeaseError, ...]: ...
+
+    def collect_and_dispatch_many(
+        self,
+        consumer: str,
+        results: Sequence[tuple[str, Mapping[str, Sequence[Value]]]],
+        count: int | None = None,
+        *,
+        tables: int = 8,
+        lease_s: float = 60.0,
+        wait_s: float = 0.0,
+    ) -> tuple[tuple[Collected | LeaseError, ...], tuple[Dispatch, ...]]: ...
 
     def renew(self, lease: str, lease_s: float = 60.0) -> float: ...
 

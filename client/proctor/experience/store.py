@@ -78,6 +78,8 @@ class ExperienceLimits:
     max_rows: int = 1 << 20
     """Rows in one table (slots × group_size)."""
     max_rows_per_call: int = 65_536
+    max_tables_per_call: int = 64
+    """Tables one :meth:`ExperienceStore.dispatch_many` takes rows of, and leases one ``collect_many`` collects."""
     max_columns: int = 64
     max_lease_s: float = 86_400.0
 
@@ -911,6 +913,46 @@ class ExperienceStore:
                     self._maybe[c.name].discard(table.iteration)
             return Dispatch(consumer, iteration, None, None, (), {}, ())
 
+    def dispatch_many(
+        self,
+        consumer: str,
+        count: int | None = None,
+        *,
+        tables: int = 8,
+        lease_s: float = 60.0,
+        wait_s: float = 0.0,
+        cells: bool = False,
+    ) -> tuple[Dispatch, ...]:
+        """Up to ``count`` rows ready for ``consumer`` in all, from up to ``tables`` tables, the oldest first: one
+        :class:`Dispatch` per table, each under a lease of its own, in one transaction. Empty when no row is
+        ready, at once or, with ``wait_s``, once that many seconds passed without one. A worker whose rows come
+        one table at a time (each step of a run, each ``/grade`` outside one) makes one call for several."""
+        _check_count("tables", tables, 1, self.limits.max_tables_per_call)
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 <= wait_s <= 3600:
+            raise ExperienceInputError("wait_s", f"{wait_s!r} is not a number of seconds in 0..3600")
+        self._check_lease_s(lease_s)
+        with self._lock:  # refused here, a bad request costs no rollback of the batch below
+            c = self._consumer(consumer)
+            want = count if count is not None else c.dispatch_size
+            if want is None:
+                raise ExperienceInputError("count", f"consumer {consumer!r} has no dispatch_size; give count")
+            _check_count("count", want, 1, self.limits.max_rows_per_call)
+        deadline = time.monotonic() + wait_s
+        columns: _Columns = "cells" if cells else "values"
+        while True:
+            found: list[Dispatch] = []
+            with self.batch():
+                left = want
+                while len(found) < tables and left > 0:
+                    batch = self._dispatch(consumer, left, None, False, 1, None, None, lease_s, columns)
+                    if batch.lease is None:
+                        break
+                    found.append(batch)
+                    left -= len(batch)
+            if found or deadline - time.monotonic() <= 0:
+                return tuple(found)
+            time.sleep(min(deadline - time.monotonic(), _WAIT_LOOK_S))
+
     def claim(
         self, consumer: str, iteration: int, rows: Sequence[RowKey], *, lease_s: float = 60.0, read: bool = True
     ) -> Dispatch:
@@ -1080,6 +1122,52 @@ class ExperienceStore:
         with its results (over HTTP, one request). A refused collection dispatches nothing."""
         collected = self.collect(lease, columns)
         return collected, self.dispatch(collected.consumer, count, lease_s=lease_s, wait_s=wait_s)
+
+    def collect_many(
+        self, consumer: str, results: Sequence[tuple[str, Mapping[str, Sequence[Value]]]]
+    ) -> tuple[Collected | LeaseError, ...]:
+        """:meth:`collect` of each ``(lease, columns)`` of ``consumer``, in one transaction. A lease the store
+        refuses (unknown or expired) is answered with its :class:`LeaseError` in its place, and the others are
+        collected; any other error refuses them all, and nothing is written."""
+        _check_count("collections", len(results), 0, self.limits.max_tables_per_call)
+        with self._lock:  # refused here, a bad request costs no rollback of the batch below
+            c = self._consumer(consumer)
+            for n, (lease, columns) in enumerate(results):
+                held = self._leases.get(lease)
+                if held is not None and held.consumer != consumer:
+                    raise ExperienceInputError(
+                        f"collections[{n}]",
+                        f"lease {lease[:8]}… belongs to consumer {held.consumer!r}, not {consumer!r}",
+                    )
+                extra = [name for name in columns if name not in c.produces]
+                if extra:
+                    raise ExperienceInputError(
+                        f"collections[{n}].columns",
+                        f"consumer {consumer!r} does not produce {extra}; it produces {list(c.produces)}",
+                    )
+        outcomes: list[Collected | LeaseError] = []
+        with self.batch():
+            for lease, columns in results:
+                try:
+                    outcomes.append(self.collect(lease, columns))
+                except LeaseError as exc:  # raised before the lease's rows are touched
+                    outcomes.append(exc)
+        return tuple(outcomes)
+
+    def collect_and_dispatch_many(
+        self,
+        consumer: str,
+        results: Sequence[tuple[str, Mapping[str, Sequence[Value]]]],
+        count: int | None = None,
+        *,
+        tables: int = 8,
+        lease_s: float = 60.0,
+        wait_s: float = 0.0,
+    ) -> tuple[tuple[Collected | LeaseError, ...], tuple[Dispatch, ...]]:
+        """:meth:`collect_many`, then :meth:`dispatch_many` for the same consumer: a worker's next rows with its
+        results (over HTTP, one request)."""
+        outcomes = self.collect_many(consumer, results)
+        return outcomes, self.dispatch_many(consumer, count, tables=tables, lease_s=lease_s, wait_s=wait_s)
 
     def renew(self, lease: str, lease_s: float = 60.0) -> float:
         """Extend a live lease to ``lease_s`` seconds from now; returns its new expiry."""

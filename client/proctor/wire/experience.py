@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from proctor.experience.errors import ExperienceInputError
+from proctor.experience.errors import ExperienceInputError, LeaseError
 from proctor.experience.store import Collected, Consumer, Consumption, Dispatch, TableInfo
 from proctor.experience.values import (
     MAX_NDIM,
@@ -26,32 +26,42 @@ from proctor.experience.values import (
 )
 
 __all__ = [
+    "CollectManyRequest",
     "CollectRequest",
     "CollectedBody",
+    "CollectedManyBody",
+    "CollectedRowsBody",
+    "Collection",
     "ConsumerBody",
     "ConsumptionBody",
     "DispatchBody",
+    "DispatchManyRequest",
     "DispatchRequest",
+    "DispatchesBody",
     "ExperienceOverview",
     "OpenRequest",
     "PutRequest",
     "ReadBody",
     "ReadRequest",
+    "RefusedBody",
     "RegisterRequest",
     "RenewBody",
     "RenewRequest",
     "TableBody",
     "WireArray",
     "WireColumn",
+    "collected_many_json",
     "column_from_wire",
     "column_to_wire",
     "columns_from_wire",
     "columns_to_wire",
     "dispatch_json",
+    "dispatches_json",
     "read_json",
 ]
 
 MAX_ROWS = 65_536
+MAX_TABLES = 64  # tables a dispatch_many takes rows of, leases a collect_many collects (ExperienceLimits' default)
 _Index = Annotated[int, Field(ge=0, le=2**31)]
 _Name = Annotated[str, Field(min_length=1, max_length=64)]
 _Row = tuple[_Index, _Index]
@@ -150,6 +160,23 @@ def collected_json(c: Collected, dispatched: bytes | None = None) -> bytes:
     return head if dispatched is None else head[:-1] + b',"next":' + dispatched + b"}"
 
 
+def dispatches_json(dispatches: Sequence[Dispatch]) -> bytes:
+    """A :class:`DispatchesBody` as JSON, from dispatches whose columns hold the store's cells."""
+    return b'{"dispatches":[' + b",".join(dispatch_json(d) for d in dispatches) + b"]}"
+
+
+def collected_many_json(
+    leases: Sequence[str], outcomes: Sequence[Collected | LeaseError], dispatched: bytes | None = None
+) -> bytes:
+    """A :class:`CollectedManyBody` as JSON, with ``dispatched`` (a :func:`dispatches_json`) as its ``next``."""
+    parts = [
+        RefusedBody(lease=lease, refused=o.message) if isinstance(o, LeaseError) else CollectedRowsBody.of(o)
+        for lease, o in zip(leases, outcomes, strict=True)
+    ]
+    head = CollectedManyBody(collected=parts).model_dump_json(exclude={"next"}).encode()
+    return head if dispatched is None else head[:-1] + b',"next":' + dispatched + b"}"
+
+
 def columns_from_wire(columns: Mapping[str, WireColumn]) -> dict[str, list[Value]]:
     return {name: column_from_wire(f"columns.{name}", column) for name, column in columns.items()}
 
@@ -241,6 +268,18 @@ class ReadBody(_Wire):
 MAX_DISPATCH_WAIT_S = 30.0
 
 
+_LeaseS = Annotated[float, Field(gt=0, le=86_400, description="Seconds the rows are held.")]
+_WaitS = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=MAX_DISPATCH_WAIT_S,
+        description="With no row ready: seconds to wait for one before answering empty (a long poll); 0 answers "
+        "at once.",
+    ),
+]
+
+
 class DispatchRequest(_Wire):
     count: int | None = Field(default=None, ge=1, le=MAX_ROWS, description="Rows; the consumer's dispatch_size.")
     iteration: int | None = Field(default=None, ge=-(2**62), le=2**62, description="The table; the oldest ready one.")
@@ -248,14 +287,8 @@ class DispatchRequest(_Wire):
     dp_size: int = Field(default=1, ge=1, le=4096, description="Readers to split the rows among.")
     balance_by: _Name | None = Field(default=None, description="A needed column whose lengths balance the readers.")
     max_tokens_per_microbatch: int | None = Field(default=None, ge=1, le=2**40)
-    lease_s: float = Field(default=60.0, gt=0, le=86_400, description="Seconds the rows are held.")
-    wait_s: float = Field(
-        default=0.0,
-        ge=0,
-        le=MAX_DISPATCH_WAIT_S,
-        description="With no row ready: seconds to wait for one before answering empty (a long poll); 0 answers "
-        "at once.",
-    )
+    lease_s: _LeaseS = 60.0
+    wait_s: _WaitS = 0.0
 
 
 class DispatchBody(_Wire):
@@ -289,18 +322,70 @@ class CollectRequest(_Wire):
     )
 
 
-class CollectedBody(_Wire):
+class CollectedRowsBody(_Wire):
     consumer: str
     iteration: int
     rows: list[tuple[int, int]] = Field(description="(slot, index) of each row consumed, in dispatch order.")
-    next: DispatchBody | None = Field(default=None, description="The next dispatch, when the request asked for it.")
 
     @classmethod
-    def of(cls, c: Collected) -> CollectedBody:
+    def of(cls, c: Collected) -> Self:
         return cls(consumer=c.consumer, iteration=c.iteration, rows=[(s, k) for s, k in c.rows])
 
     def collected(self) -> Collected:
         return Collected(self.consumer, self.iteration, tuple((s, k) for s, k in self.rows))
+
+
+class CollectedBody(CollectedRowsBody):
+    next: DispatchBody | None = Field(default=None, description="The next dispatch, when the request asked for it.")
+
+
+class DispatchManyRequest(_Wire):
+    count: int | None = Field(default=None, ge=1, le=MAX_ROWS, description="Rows in all; the consumer's dispatch_size.")
+    tables: int = Field(
+        default=8, ge=1, le=MAX_TABLES, description="Tables the rows may come from, the oldest first: a dispatch each."
+    )
+    lease_s: _LeaseS = 60.0
+    wait_s: _WaitS = 0.0
+
+
+class DispatchesBody(_Wire):
+    dispatches: list[DispatchBody] = Field(
+        description="One per table, the oldest first, each with a lease of its own; none when no row is ready."
+    )
+
+    def all(self) -> tuple[Dispatch, ...]:
+        return tuple(d.dispatch() for d in self.dispatches)
+
+
+class Collection(_Wire):
+    lease: str = Field(min_length=1, max_length=64, description="The lease a dispatch returned.")
+    columns: Annotated[dict[_Name, WireColumn], Field(max_length=64)] = {}
+
+
+class CollectManyRequest(_Wire):
+    collections: Annotated[list[Collection], Field(max_length=MAX_TABLES)] = Field(
+        description="The consumer's results, a lease each, collected in one transaction."
+    )
+    next: DispatchManyRequest | None = Field(
+        default=None,
+        description="Then dispatch the consumer's next rows, as its /dispatches with this body would, answered in "
+        "``next``: a worker's one request where it would make two.",
+    )
+
+
+class RefusedBody(_Wire):
+    lease: str
+    refused: str = Field(description="Why the store refused the lease (unknown or expired): drop its results.")
+
+
+class CollectedManyBody(_Wire):
+    collected: list[CollectedRowsBody | RefusedBody] = Field(
+        description="Per collection, in the request's order: the rows it consumed, or why its lease was refused."
+    )
+    next: DispatchesBody | None = Field(default=None, description="The next dispatches, when the request asked.")
+
+    def outcomes(self) -> tuple[Collected | LeaseError, ...]:
+        return tuple(LeaseError(c.refused) if isinstance(c, RefusedBody) else c.collected() for c in self.collected)
 
 
 class RenewRequest(_Wire):

@@ -37,6 +37,9 @@ log = logging.getLogger("proctor.grade_worker")
 # A dispatch waits this long at the server for a ready row (a long poll): an idle worker asks every few seconds,
 # and a busy one gets new rows the moment they are written.
 DISPATCH_WAIT_S = 5.0
+# A dispatch takes rows of up to this many tables (each step's, each /grade's outside a step), each under a lease
+# of its own: one request, and one grading batch, for the rows of several /grade requests.
+TABLES_PER_DISPATCH = 8
 _RECONNECT_S = 1.0
 
 
@@ -88,6 +91,7 @@ class GradeWorker:
         *,
         timeout_s: float,
         rows_per_dispatch: int = ROWS_PER_DISPATCH,
+        tables_per_dispatch: int = TABLES_PER_DISPATCH,
         lease_s: float = LEASE_S,
         transient: tuple[type[BaseException], ...] = (),
         judge_api_key: SecretStr | None = None,
@@ -96,6 +100,7 @@ class GradeWorker:
         self.graders = graders
         self.fanout = GraderFanout(pool, http, Metrics(), timeout_s, judge_api_key=judge_api_key)
         self.rows_per_dispatch = rows_per_dispatch
+        self.tables_per_dispatch = tables_per_dispatch
         self.lease_s = lease_s
         self.transient = transient
         self.stats = WorkerStats()
@@ -109,16 +114,17 @@ class GradeWorker:
     async def _grade(self, stop: asyncio.Event, idle_exit_s: float | None) -> WorkerStats:
         wait_s = DISPATCH_WAIT_S if idle_exit_s is None else min(DISPATCH_WAIT_S, idle_exit_s)
         last_work = time.monotonic()
-        batch: Dispatch | None = None  # rows held: those a collection's answer brought, graded even when stopping
+        held: tuple[Dispatch, ...] = ()  # rows held: those a collection's answer brought, graded even when stopping
         while True:
-            if batch is None:
+            if not held:
                 if stop.is_set() or (idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s):
                     break
                 try:
-                    batch = await asyncio.to_thread(
-                        self.experience.dispatch,
+                    held = await asyncio.to_thread(
+                        self.experience.dispatch_many,
                         col.GRADER.name,
                         self.rows_per_dispatch,
+                        tables=self.tables_per_dispatch,
                         lease_s=self.lease_s,
                         wait_s=wait_s,
                     )
@@ -127,52 +133,69 @@ class GradeWorker:
                     log.warning("the dataserver is unreachable (%s); trying again in %gs", exc, _RECONNECT_S)
                     await _sleep(stop, _RECONNECT_S)
                     continue
-            if batch.lease is None:
-                batch = None
-                continue  # the dispatch waited for a row already
-            async with renewing(self._renew, batch.lease, self.lease_s):
-                columns = await grade_rows(self.fanout, self.graders, batch.columns)
-            batch = await self._collect(batch.lease, columns, len(batch), stop, wait_s)
+                if not held:
+                    continue  # the dispatch waited for a row already
+            held = await self._collect(await self._graded(held), stop, wait_s)
             last_work = time.monotonic()
         return self.stats
 
+    async def _graded(self, held: tuple[Dispatch, ...]) -> list[tuple[str, dict[str, list[object]]]]:
+        """Each lease's rewards: the rows of every table held, graded together (each lease renewed meanwhile)."""
+        needs = held[0].columns.keys()
+        rows = {name: [v for d in held for v in d.columns[name]] for name in needs}
+        async with contextlib.AsyncExitStack() as leases:
+            for d in held:
+                assert d.lease is not None
+                await leases.enter_async_context(renewing(self._renew, d.lease, self.lease_s))
+            columns = await grade_rows(self.fanout, self.graders, rows)
+        results: list[tuple[str, dict[str, list[object]]]] = []
+        start = 0
+        for d in held:
+            assert d.lease is not None
+            results.append((d.lease, {name: list(values[start : start + len(d)]) for name, values in columns.items()}))
+            start += len(d)
+        return results
+
     async def _collect(
-        self, lease: str, columns: Mapping[str, list[object]], rows: int, stop: asyncio.Event, wait_s: float
-    ) -> Dispatch | None:
-        """Collect the rows' rewards and, unless the worker is stopping, dispatch its next rows in the same
-        request: those rows, or None."""
+        self, results: list[tuple[str, dict[str, list[object]]]], stop: asyncio.Event, wait_s: float
+    ) -> tuple[Dispatch, ...]:
+        """Collect the leases' rewards and, unless the worker is stopping, dispatch its next rows in the same
+        request: those rows (none when stopping)."""
         while True:
             try:
                 if stop.is_set():  # finish what it holds, take nothing new
-                    await asyncio.to_thread(self.experience.collect, lease, columns)
-                    batch = None
+                    outcomes = await asyncio.to_thread(self.experience.collect_many, col.GRADER.name, results)
+                    batch: tuple[Dispatch, ...] = ()
                 else:
-                    _, batch = await asyncio.to_thread(
-                        self.experience.collect_and_dispatch,
-                        lease,
-                        columns,
+                    outcomes, batch = await asyncio.to_thread(
+                        self.experience.collect_and_dispatch_many,
+                        col.GRADER.name,
+                        results,
                         self.rows_per_dispatch,
+                        tables=self.tables_per_dispatch,
                         lease_s=self.lease_s,
                         wait_s=wait_s,
                     )
-            except LeaseError as exc:
-                # Its rows went back to the pool and are graded by whoever holds them now.
-                self.stats.refused += 1
-                log.warning("dropped the rewards of %d rows: %s", rows, exc)
-                return None
             except self.transient as exc:
                 self.stats.unreachable += 1
+                rows = sum(len(next(iter(c.values()), ())) for _, c in results)
                 if stop.is_set():
                     log.warning(
                         "stopping with the dataserver unreachable (%s): %d rows go back at their lease's end", exc, rows
                     )
-                    return None
-                # The server is restarting: its lease survives the restart, so the result is still wanted (and
-                # collecting it again, if the first attempt was stored, writes nothing twice).
+                    return ()
+                # The server is restarting: its leases survive the restart, so the results are still wanted (and
+                # collecting them again, if the first attempt was stored, writes nothing twice).
                 log.warning("the dataserver is unreachable (%s); collecting again in %gs", exc, _RECONNECT_S)
                 await _sleep(stop, _RECONNECT_S)
                 continue
-            self.stats.graded += rows
+            for (_, columns), outcome in zip(results, outcomes, strict=True):
+                if isinstance(outcome, LeaseError):
+                    # Its rows went back to the pool and are graded by whoever holds them now.
+                    self.stats.refused += 1
+                    log.warning("dropped the rewards of %d rows: %s", len(next(iter(columns.values()), ())), outcome)
+                else:
+                    self.stats.graded += len(outcome.rows)
             return batch
 
     async def _renew(self, lease: str, lease_s: float) -> float:

@@ -6,6 +6,8 @@ Each route is one call of :class:`~proctor.experience.ExperienceStore`, with the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, Response
@@ -167,19 +169,24 @@ async def dispatch(
 ) -> Response:
     """Claim rows ready for the consumer under a lease (empty, with ``lease: null``, when none is ready, at once
     or after ``wait_s`` without one)."""
-    empty, answer = await _dispatched(server, name, body)
+    empty, answer = await _when_ready(server, body.wait_s, partial(_dispatch, name=name, body=body))
     # An idle worker's dispatches, one every few seconds, would bury the requests that matter in the log.
     request.state.quiet = empty
     return Response(answer, media_type="application/json")
 
 
-async def _dispatched(
-    server: Dataserver, name: str, body: dw.DispatchRequest, *, since: int | None = None
+async def _when_ready(
+    server: Dataserver,
+    wait_s: float,
+    look: Callable[[ExperienceStore], tuple[bool, bytes]],
+    *,
+    since: int | None = None,
 ) -> tuple[bool, bytes]:
-    """A dispatch, waiting up to ``wait_s`` for a ready row: whether it found none, and its JSON. With ``since``
-    (see :meth:`Rollouts.when_ready`), a look made already found none, and none is made again without waiting."""
+    """A dispatch (``look``, which says whether it found no row, and its JSON), waiting up to ``wait_s`` for a
+    ready row. With ``since`` (see :meth:`Rollouts.when_ready`), a look made already found none, and none is
+    made again without waiting."""
     x = server.experience
-    return await server.rollouts.when_ready(body.wait_s, lambda: x.call(_dispatch, x.store, name, body), since=since)
+    return await server.rollouts.when_ready(wait_s, lambda: x.call(look, x.store), since=since)
 
 
 def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) -> tuple[bool, bytes]:
@@ -196,6 +203,59 @@ def _dispatch(experience: ExperienceStore, name: str, body: dw.DispatchRequest) 
         cells=True,
     )
     return batch.lease is None, dw.dispatch_json(batch)
+
+
+@router.post(
+    "/consumers/{name}/dispatches",
+    response_model=dw.DispatchesBody,
+    openapi_extra=request_body(dw.DispatchManyRequest),
+    responses=error_responses(404),
+)
+async def dispatch_many(
+    name: NamePath,
+    body: Annotated[dw.DispatchManyRequest, Depends(json_body(dw.DispatchManyRequest))],
+    server: DataserverDep,
+    request: Request,
+) -> Response:
+    """Claim up to ``count`` ready rows in all, from up to ``tables`` tables, the oldest first: a dispatch per
+    table, each under a lease of its own (none when no row is ready, at once or after ``wait_s`` without one).
+    A worker whose rows come one table at a time makes one request for several."""
+    empty, answer = await _when_ready(server, body.wait_s, partial(_dispatch_many, name=name, body=body))
+    request.state.quiet = empty
+    return Response(answer, media_type="application/json")
+
+
+def _dispatch_many(experience: ExperienceStore, name: str, body: dw.DispatchManyRequest) -> tuple[bool, bytes]:
+    found = experience.dispatch_many(name, body.count, tables=body.tables, lease_s=body.lease_s, cells=True)
+    return not found, dw.dispatches_json(found)
+
+
+@router.post(
+    "/consumers/{name}/collections",
+    response_model=dw.CollectedManyBody,
+    openapi_extra=request_body(dw.CollectManyRequest),
+    responses=error_responses(404),
+)
+async def collect_many(
+    name: NamePath,
+    body: Annotated[dw.CollectManyRequest, Depends(json_body(dw.CollectManyRequest))],
+    server: DataserverDep,
+) -> Response:
+    """Collect several of the consumer's leases in one transaction, as ``/leases/{lease}/collect`` collects one;
+    a lease the store refuses (unknown, or expired: its rows went back to the pool) is answered with why, in its
+    place, and the others are collected. With ``next``, then dispatch the consumer's next rows, as
+    ``/dispatches`` would, answered in ``next``."""
+    leases = [c.lease for c in body.collections]
+    after = body.next
+    if after is None:
+        outcomes, _ = await server.rollouts.collect_many_wire(name, body)
+        return Response(dw.collected_many_json(leases, outcomes), media_type="application/json")
+    since = server.rollouts.written.version
+    outcomes, first = await server.rollouts.collect_many_wire(name, body, lambda x, _: _dispatch_many(x, name, after))
+    assert first is not None  # collect_many_wire answers what it was given to call
+    if first[0] and after.wait_s > 0:
+        first = await _when_ready(server, after.wait_s, partial(_dispatch_many, name=name, body=after), since=since)
+    return Response(dw.collected_many_json(leases, outcomes, first[1]), media_type="application/json")
 
 
 @router.get("/consumers/{name}/tables/{iteration}", response_model=dw.ConsumptionBody, responses=error_responses(404))
@@ -230,7 +290,8 @@ async def collect(
     collected, first = await server.rollouts.collect_wire(lease, body, lambda x, name: _dispatch(x, name, after))
     assert first is not None  # collect_wire answers what it was given to call
     if first[0] and after.wait_s > 0:
-        first = await _dispatched(server, collected.consumer, after, since=since)
+        look = partial(_dispatch, name=collected.consumer, body=after)
+        first = await _when_ready(server, after.wait_s, look, since=since)
     return Response(dw.collected_json(collected, first[1]), media_type="application/json")
 
 

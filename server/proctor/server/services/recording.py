@@ -9,14 +9,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from proctor.experience import Collected, ExperienceError, ExperienceStore, Value
+from proctor.experience import Collected, ExperienceError, ExperienceStore, LeaseError, Value
 from proctor.experience import columns as col
 from proctor.server.sources.base import SampleId
 from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow, StoredGrades
 from proctor.server.store import Store
 from proctor.wire import experience as dw
 
-__all__ = ["Recorded", "collect_and_record", "collect_wire", "grade_key", "record", "store_grades"]
+__all__ = [
+    "Recorded",
+    "collect_and_record",
+    "collect_many_wire",
+    "collect_wire",
+    "grade_key",
+    "record",
+    "store_grades",
+]
 
 T = TypeVar("T")
 
@@ -65,6 +73,35 @@ def collect_wire(
         try:
             return recorded, then(experience, recorded.collected.consumer)
         except ExperienceError as exc:  # refused before writing: the collection commits without it
+            return recorded, exc
+
+
+def collect_many_wire(
+    experience: ExperienceStore,
+    state: Store,
+    consumer: str,
+    body: dw.CollectManyRequest,
+    stage_of: Callable[[int], int],
+    then: Callable[[ExperienceStore, str], T] | None,
+) -> tuple[list[Recorded | LeaseError], T | ExperienceError | None]:
+    """:func:`collect_wire` for several leases of ``consumer``: the collections, the grader role's grades and the
+    next dispatch (``then``) are one transaction. A lease the store refuses is answered with its refusal."""
+    results = [(c.lease, dw.columns_from_wire(c.columns)) for c in body.collections]
+    with experience.batch():
+        outcomes = experience.collect_many(consumer, results)
+        recorded: list[Recorded | LeaseError] = [
+            o
+            if isinstance(o, LeaseError)
+            else record(experience, state, o, columns, stage_of)
+            if consumer == col.GRADER.name
+            else Recorded(o, [])
+            for o, (_, columns) in zip(outcomes, results, strict=True)
+        ]
+        if then is None:
+            return recorded, None
+        try:
+            return recorded, then(experience, consumer)
+        except ExperienceError as exc:  # refused before writing: the collections commit without it
             return recorded, exc
 
 

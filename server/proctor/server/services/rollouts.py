@@ -28,6 +28,7 @@ from proctor.experience import (
     Collected,
     ExperienceError,
     ExperienceStore,
+    LeaseError,
     RowKey,
     ShapeConflictError,
     TableInfo,
@@ -312,6 +313,25 @@ class Rollouts:
         if isinstance(after, ExperienceError):
             raise refusal(after) from after
         return recorded.collected, after
+
+    async def collect_many_wire(
+        self,
+        consumer: str,
+        body: dw.CollectManyRequest,
+        then: Callable[[ExperienceStore, str], T] | None = None,
+    ) -> tuple[list[Collected | LeaseError], T | None]:
+        """:meth:`collect_wire` for several of ``consumer``'s leases, in one store call and one commit; a lease
+        the store refuses is answered with its :class:`LeaseError` in its place."""
+        x = self.experience
+        outcomes, after = await x.call(
+            recording.collect_many_wire, x.store, x.state, consumer, body, self._stage_of, then
+        )
+        for o in outcomes:
+            if isinstance(o, Recorded):
+                await self._counted(o)
+        if isinstance(after, ExperienceError):
+            raise refusal(after) from after
+        return [o if isinstance(o, LeaseError) else o.collected for o in outcomes], after
 
     def _stage_of(self, step: int) -> int:
         # Read on the store's thread, beside the event loop: a sampled step's stage is fixed once it is sampled
