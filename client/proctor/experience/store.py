@@ -941,14 +941,18 @@ class ExperienceStore:
         columns: _Columns = "cells" if cells else "values"
         while True:
             found: list[Dispatch] = []
-            with self.batch():
-                left = want
-                while len(found) < tables and left > 0:
-                    batch = self._dispatch(consumer, left, None, False, 1, None, None, lease_s, columns)
-                    if batch.lease is None:
-                        break
-                    found.append(batch)
-                    left -= len(batch)
+            with self._lock:
+                self._expire(self._clock())
+                # A look that can find nothing (a long poll's, mostly) opens no transaction.
+                if self._maybe[consumer]:
+                    with self.batch():
+                        left = want
+                        while len(found) < tables and left > 0:
+                            batch = self._dispatch(consumer, left, None, False, 1, None, None, lease_s, columns)
+                            if batch.lease is None:
+                                break
+                            found.append(batch)
+                            left -= len(batch)
             if found or deadline - time.monotonic() <= 0:
                 return tuple(found)
             time.sleep(min(deadline - time.monotonic(), _WAIT_LOOK_S))
