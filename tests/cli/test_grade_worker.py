@@ -58,13 +58,20 @@ def test_graders_that_never_answer_end_the_wait_with_their_failure() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "message"),
-    [("0", "0 is outside 1 to 4096"), ("65", "65 is more than 64 tables"), ("x", "'x' is not a whole number")],
+    ("option", "value", "message"),
+    [
+        ("--tables-per-dispatch", "0", "0 is outside 1 to 4096"),
+        ("--tables-per-dispatch", "65", "65 is more than 64 tables"),
+        ("--tables-per-dispatch", "x", "'x' is not a whole number"),
+        ("--rows-per-dispatch", "0", "0 is outside 1 to 65536"),
+        ("--rows-per-dispatch", "65537", "65537 is outside 1 to 65536"),
+        ("--rows-per-dispatch", "1.5", "'1.5' is not a whole number"),
+    ],
 )
-def test_a_tables_per_dispatch_the_server_would_refuse_is_refused_at_once(
-    value: str, message: str, capsys: pytest.CaptureFixture[str]
+def test_a_claim_size_the_server_would_refuse_is_refused_at_once(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_:
-        build_parser().parse_args(["grade-worker", "--server", "http://127.0.0.1:1", "--tables-per-dispatch", value])
+        build_parser().parse_args(["grade-worker", "--server", "http://127.0.0.1:1", option, value])
     assert exit_.value.code == 2
-    assert f"argument --tables-per-dispatch: {message}" in capsys.readouterr().err
+    assert f"argument {option}: {message}" in capsys.readouterr().err

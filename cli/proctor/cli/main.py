@@ -61,6 +61,17 @@ def _export(args: argparse.Namespace) -> int:
     return export(args)
 
 
+def _rows(text: str) -> int:
+    """Rows one dispatch claims: 1 to 65,536 (the server's bound)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 65_536:
+        raise argparse.ArgumentTypeError(f"{value} is outside 1 to 65536, the rows one dispatch takes")
+    return value
+
+
 def _tables(text: str) -> int:
     """Tables one dispatch takes rows of: 1 to 64 (the server's bound)."""
     value = _count(text)
@@ -168,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=_count, help="grader processes (default: one per core; with --ray-actors, per actor: 1)"
     )
     worker_p.add_argument("--api-key", help="the server's API key (default: env PROCTOR_API_KEY)")
-    worker_p.add_argument("--rows-per-dispatch", type=int, default=256, help="rows claimed at a time (default 256)")
+    worker_p.add_argument(
+        "--rows-per-dispatch", type=_rows, default=256, help="rows claimed at a time (default 256, at most 65536)"
+    )
     worker_p.add_argument(
         "--tables-per-dispatch",
         type=_tables,
