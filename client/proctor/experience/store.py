@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -161,6 +161,7 @@ class Consumption:
 
 
 Index = npt.NDArray[np.int64]
+_Found = TypeVar("_Found")
 _Columns = Literal["values", "cells", "none"]  # what a claim hands out of its rows' needed columns
 _CHUNK_CACHE_BYTES = 32 * 1024 * 1024
 
@@ -834,11 +835,9 @@ class ExperienceStore:
         passed without one (the calling thread looks again every few milliseconds meanwhile, holding nothing).
         With ``cells``, the dispatch's columns hold each cell's stored bytes, as :meth:`read_cells` gives them.
         """
-        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 <= wait_s <= 3600:
-            raise ExperienceInputError("wait_s", f"{wait_s!r} is not a number of seconds in 0..3600")
-        deadline = time.monotonic() + wait_s
-        while True:
-            batch = self._dispatch(
+        return _looked(
+            wait_s,
+            lambda: self._dispatch(
                 consumer,
                 count,
                 iteration,
@@ -848,11 +847,9 @@ class ExperienceStore:
                 max_tokens_per_microbatch,
                 lease_s,
                 "cells" if cells else "values",
-            )
-            left = deadline - time.monotonic()
-            if batch.lease is not None or left <= 0:
-                return batch
-            time.sleep(min(left, _WAIT_LOOK_S))
+            ),
+            lambda batch: batch.lease is None,
+        )
 
     def _dispatch(
         self,
@@ -874,10 +871,7 @@ class ExperienceStore:
             )
         with self._lock:
             c = self._consumer(consumer)
-            want = count if count is not None else c.dispatch_size
-            if want is None:
-                raise ExperienceInputError("count", f"consumer {consumer!r} has no dispatch_size; give count")
-            _check_count("count", want, 1, self.limits.max_rows_per_call)
+            want = self._want(c, count)
             if balance_by is not None and balance_by not in c.needs:
                 raise ExperienceInputError(
                     "balance_by", f"{balance_by!r} is not among consumer {consumer!r}'s needs {list(c.needs)}"
@@ -928,18 +922,12 @@ class ExperienceStore:
         ready, at once or, with ``wait_s``, once that many seconds passed without one. A worker whose rows come
         one table at a time (each step of a run, each ``/grade`` outside one) makes one call for several."""
         _check_count("tables", tables, 1, self.limits.max_tables_per_call)
-        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 <= wait_s <= 3600:
-            raise ExperienceInputError("wait_s", f"{wait_s!r} is not a number of seconds in 0..3600")
         self._check_lease_s(lease_s)
         with self._lock:  # refused here, a bad request costs no rollback of the batch below
-            c = self._consumer(consumer)
-            want = count if count is not None else c.dispatch_size
-            if want is None:
-                raise ExperienceInputError("count", f"consumer {consumer!r} has no dispatch_size; give count")
-            _check_count("count", want, 1, self.limits.max_rows_per_call)
-        deadline = time.monotonic() + wait_s
+            want = self._want(self._consumer(consumer), count)
         columns: _Columns = "cells" if cells else "values"
-        while True:
+
+        def look() -> tuple[Dispatch, ...]:
             found: list[Dispatch] = []
             with self._lock:
                 self._expire(self._clock())
@@ -953,9 +941,17 @@ class ExperienceStore:
                                 break
                             found.append(batch)
                             left -= len(batch)
-            if found or deadline - time.monotonic() <= 0:
-                return tuple(found)
-            time.sleep(min(deadline - time.monotonic(), _WAIT_LOOK_S))
+            return tuple(found)
+
+        return _looked(wait_s, look, lambda found: not found)
+
+    def _want(self, c: Consumer, count: int | None) -> int:
+        """The rows a dispatch of ``c`` asks for: ``count``, or the consumer's ``dispatch_size``."""
+        want = count if count is not None else c.dispatch_size
+        if want is None:
+            raise ExperienceInputError("count", f"consumer {c.name!r} has no dispatch_size; give count")
+        _check_count("count", want, 1, self.limits.max_rows_per_call)
+        return want
 
     def claim(
         self, consumer: str, iteration: int, rows: Sequence[RowKey], *, lease_s: float = 60.0, read: bool = True
@@ -1135,19 +1131,13 @@ class ExperienceStore:
         collected; any other error refuses them all, and nothing is written."""
         _check_count("collections", len(results), 0, self.limits.max_tables_per_call)
         with self._lock:  # refused here, a bad request costs no rollback of the batch below
-            c = self._consumer(consumer)
-            for n, (lease, columns) in enumerate(results):
+            self._consumer(consumer)
+            for n, (lease, _) in enumerate(results):
                 held = self._leases.get(lease)
                 if held is not None and held.consumer != consumer:
                     raise ExperienceInputError(
                         f"collections[{n}]",
                         f"lease {lease[:8]}… belongs to consumer {held.consumer!r}, not {consumer!r}",
-                    )
-                extra = [name for name in columns if name not in c.produces]
-                if extra:
-                    raise ExperienceInputError(
-                        f"collections[{n}].columns",
-                        f"consumer {consumer!r} does not produce {extra}; it produces {list(c.produces)}",
                     )
         outcomes: list[Collected | LeaseError] = []
         with self.batch():
@@ -1215,6 +1205,20 @@ class ExperienceStore:
     def all_consumed(self, consumer: str, iteration: int) -> bool:
         """Whether ``consumer`` has collected every row of ``iteration``'s table."""
         return self.consumption(consumer, iteration).all_consumed
+
+
+def _looked(wait_s: float, look: Callable[[], _Found], empty: Callable[[_Found], bool]) -> _Found:
+    """``look()`` until what it finds is not ``empty`` or ``wait_s`` seconds passed (looking again every few
+    milliseconds, holding nothing meanwhile): its last outcome."""
+    if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 <= wait_s <= 3600:
+        raise ExperienceInputError("wait_s", f"{wait_s!r} is not a number of seconds in 0..3600")
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = look()
+        left = deadline - time.monotonic()
+        if not empty(found) or left <= 0:
+            return found
+        time.sleep(min(left, _WAIT_LOOK_S))
 
 
 def _check_count(field: str, value: Any, low: int, high: int) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proctor.experience.errors import ExperienceInputError, LeaseError
-from proctor.experience.store import Collected, Consumer, Consumption, Dispatch, TableInfo
+from proctor.experience.store import Collected, Consumer, Consumption, Dispatch, ExperienceLimits, TableInfo
 from proctor.experience.values import (
     MAX_NDIM,
     Value,
@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 MAX_ROWS = 65_536
-MAX_TABLES = 64  # tables a dispatch_many takes rows of, leases a collect_many collects (ExperienceLimits' default)
+MAX_TABLES = ExperienceLimits().max_tables_per_call  # tables a dispatch_many takes, leases a collect_many collects
 _Index = Annotated[int, Field(ge=0, le=2**31)]
 _Name = Annotated[str, Field(min_length=1, max_length=64)]
 _Row = tuple[_Index, _Index]
