@@ -135,7 +135,7 @@ class GradeWorker:
                     continue
                 if not held:
                     continue  # the dispatch waited for a row already
-            held = await self._collect(await self._graded(held), stop, wait_s)
+            held = await self._collect(held, await self._graded(held), stop, wait_s)
             last_work = time.monotonic()
         return self.stats
 
@@ -157,10 +157,14 @@ class GradeWorker:
         return results
 
     async def _collect(
-        self, results: list[tuple[str, dict[str, list[object]]]], stop: asyncio.Event, wait_s: float
+        self,
+        held: tuple[Dispatch, ...],
+        results: list[tuple[str, dict[str, list[object]]]],
+        stop: asyncio.Event,
+        wait_s: float,
     ) -> tuple[Dispatch, ...]:
-        """Collect the leases' rewards and, unless the worker is stopping, dispatch its next rows in the same
-        request: those rows (none when stopping)."""
+        """Collect the rewards of the leases ``held`` and, unless the worker is stopping, dispatch its next rows in
+        the same request: those rows (none when stopping)."""
         while True:
             try:
                 if stop.is_set():  # finish what it holds, take nothing new
@@ -178,8 +182,8 @@ class GradeWorker:
                     )
             except self.transient as exc:
                 self.stats.unreachable += 1
-                rows = sum(len(next(iter(c.values()), ())) for _, c in results)
                 if stop.is_set():
+                    rows = sum(len(d) for d in held)
                     log.warning(
                         "stopping with the dataserver unreachable (%s): %d rows go back at their lease's end", exc, rows
                     )
@@ -189,11 +193,11 @@ class GradeWorker:
                 log.warning("the dataserver is unreachable (%s); collecting again in %gs", exc, _RECONNECT_S)
                 await _sleep(stop, _RECONNECT_S)
                 continue
-            for (_, columns), outcome in zip(results, outcomes, strict=True):
+            for dispatch, outcome in zip(held, outcomes, strict=True):
                 if isinstance(outcome, LeaseError):
                     # Its rows went back to the pool and are graded by whoever holds them now.
                     self.stats.refused += 1
-                    log.warning("dropped the rewards of %d rows: %s", len(next(iter(columns.values()), ())), outcome)
+                    log.warning("dropped the rewards of %d rows: %s", len(dispatch), outcome)
                 else:
                     self.stats.graded += len(outcome.rows)
             return batch

@@ -253,9 +253,8 @@ async def collect_many(
     since = server.rollouts.written.version
     outcomes, first = await server.rollouts.collect_many_wire(name, body, lambda x, _: _dispatch_many(x, name, after))
     assert first is not None  # collect_many_wire answers what it was given to call
-    if first[0] and after.wait_s > 0:
-        first = await _when_ready(server, after.wait_s, partial(_dispatch_many, name=name, body=after), since=since)
-    return Response(dw.collected_many_json(leases, outcomes, first[1]), media_type="application/json")
+    dispatched = await _next(server, first, after.wait_s, partial(_dispatch_many, name=name, body=after), since)
+    return Response(dw.collected_many_json(leases, outcomes, dispatched), media_type="application/json")
 
 
 @router.get("/consumers/{name}/tables/{iteration}", response_model=dw.ConsumptionBody, responses=error_responses(404))
@@ -289,10 +288,23 @@ async def collect(
     since = server.rollouts.written.version
     collected, first = await server.rollouts.collect_wire(lease, body, lambda x, name: _dispatch(x, name, after))
     assert first is not None  # collect_wire answers what it was given to call
-    if first[0] and after.wait_s > 0:
-        look = partial(_dispatch, name=collected.consumer, body=after)
-        first = await _when_ready(server, after.wait_s, look, since=since)
-    return Response(dw.collected_json(collected, first[1]), media_type="application/json")
+    look = partial(_dispatch, name=collected.consumer, body=after)
+    dispatched = await _next(server, first, after.wait_s, look, since)
+    return Response(dw.collected_json(collected, dispatched), media_type="application/json")
+
+
+async def _next(
+    server: Dataserver,
+    first: tuple[bool, bytes],
+    wait_s: float,
+    look: Callable[[ExperienceStore], tuple[bool, bytes]],
+    since: int,
+) -> bytes:
+    """A collection's next dispatch, as JSON: its first look's, made with the collection, or, when that found no
+    row, a long poll of ``wait_s`` that waits for a write after ``since`` before it looks again."""
+    if first[0] and wait_s > 0:
+        first = await _when_ready(server, wait_s, look, since=since)
+    return first[1]
 
 
 @router.post(

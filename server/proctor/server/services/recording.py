@@ -52,10 +52,20 @@ def collect_and_record(
 ) -> Recorded:
     """The collection and, for the grader role's, its grades: one transaction."""
     with experience.batch():
-        collected = experience.collect(lease, columns)
-        if collected.consumer != col.GRADER.name:
-            return Recorded(collected, [])
-        return record(experience, state, collected, columns, stage_of)
+        return _recorded(experience, state, experience.collect(lease, columns), columns, stage_of)
+
+
+def _recorded(
+    experience: ExperienceStore,
+    state: Store,
+    collected: Collected,
+    columns: Mapping[str, Sequence[Value]],
+    stage_of: Callable[[int], int],
+) -> Recorded:
+    """A collection made: for the grader role's, its grades stored."""
+    if collected.consumer != col.GRADER.name:
+        return Recorded(collected, [])
+    return record(experience, state, collected, columns, stage_of)
 
 
 def collect_wire(
@@ -68,12 +78,7 @@ def collect_wire(
 ) -> tuple[Recorded, T | ExperienceError | None]:
     with experience.batch():
         recorded = collect_and_record(experience, state, lease, dw.columns_from_wire(body.columns), stage_of)
-        if then is None:
-            return recorded, None
-        try:
-            return recorded, then(experience, recorded.collected.consumer)
-        except ExperienceError as exc:  # refused before writing: the collection commits without it
-            return recorded, exc
+        return recorded, _then(experience, recorded.collected.consumer, then)
 
 
 def collect_many_wire(
@@ -88,21 +93,26 @@ def collect_many_wire(
     next dispatch (``then``) are one transaction. A lease the store refuses is answered with its refusal."""
     results = [(c.lease, dw.columns_from_wire(c.columns)) for c in body.collections]
     with experience.batch():
-        outcomes = experience.collect_many(consumer, results)
-        recorded: list[Recorded | LeaseError] = [
-            o
-            if isinstance(o, LeaseError)
-            else record(experience, state, o, columns, stage_of)
-            if consumer == col.GRADER.name
-            else Recorded(o, [])
-            for o, (_, columns) in zip(outcomes, results, strict=True)
-        ]
-        if then is None:
-            return recorded, None
-        try:
-            return recorded, then(experience, consumer)
-        except ExperienceError as exc:  # refused before writing: the collections commit without it
-            return recorded, exc
+        recorded: list[Recorded | LeaseError] = []
+        for outcome, (_, columns) in zip(experience.collect_many(consumer, results), results, strict=True):
+            if isinstance(outcome, LeaseError):
+                recorded.append(outcome)
+            else:
+                recorded.append(_recorded(experience, state, outcome, columns, stage_of))
+        return recorded, _then(experience, consumer, then)
+
+
+def _then(
+    experience: ExperienceStore, consumer: str, then: Callable[[ExperienceStore, str], T] | None
+) -> T | ExperienceError | None:
+    """``then`` after a collection, in its transaction; a refusal (raised before it writes anything) is returned,
+    and the collection commits without it."""
+    if then is None:
+        return None
+    try:
+        return then(experience, consumer)
+    except ExperienceError as exc:
+        return exc
 
 
 def record(
