@@ -265,13 +265,16 @@ class Rollouts:
                 await self._write_together([call])
             return
         await self._count(stored.parts)
-        by_table: dict[int, tuple[list[RowKey], list[Value], list[Value]]] = {}
-        for (table, slot, index), g in zip(stored.rows, graded, strict=True):
-            if (table, slot, index) in stored.collected:
-                keys, rewards, details = by_table.setdefault(table, ([], [], []))
-                keys.append((slot, index))
-                rewards.append(g.reward)
-                details.append(g.detail)
+        by_table: dict[int, tuple[list[RowKey], list[Value], list[Value]]] = {
+            table: ([], [], []) for table, _, _ in stored.collected
+        }
+        if self._awaited:  # rows that another /grade waits for (the same completions posted twice at once)
+            for (table, slot, index), g in zip(stored.rows, graded, strict=True):
+                if table in self._awaited and (table, slot, index) in stored.collected:
+                    keys, rewards, details = by_table[table]
+                    keys.append((slot, index))
+                    rewards.append(g.reward)
+                    details.append(g.detail)
         for table, (keys, rewards, details) in sorted(by_table.items()):
             await self._collected(table, keys, rewards, details)
         raced = {
