@@ -60,8 +60,8 @@ def test_graders_that_never_answer_end_the_wait_with_their_failure() -> None:
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--tables-per-dispatch", "0", "0 is outside 1 to 4096"),
-        ("--tables-per-dispatch", "65", "65 is more than 64 tables"),
+        ("--tables-per-dispatch", "0", "0 is outside 1 to 64"),
+        ("--tables-per-dispatch", "65", "65 is outside 1 to 64"),
         ("--tables-per-dispatch", "x", "'x' is not a whole number"),
         ("--rows-per-dispatch", "0", "0 is outside 1 to 65536"),
         ("--rows-per-dispatch", "65537", "65537 is outside 1 to 65536"),

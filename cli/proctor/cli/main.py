@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from proctor.cli.dataserver import preview, serve, validate
@@ -61,34 +61,24 @@ def _export(args: argparse.Namespace) -> int:
     return export(args)
 
 
-def _rows(text: str) -> int:
-    """Rows one dispatch claims: 1 to 65,536 (the server's bound)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= 65_536:
-        raise argparse.ArgumentTypeError(f"{value} is outside 1 to 65536, the rows one dispatch takes")
-    return value
+def _whole(high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not 1 <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside 1 to {high}")
+        return value
+
+    return parse
 
 
-def _tables(text: str) -> int:
-    """Tables one dispatch takes rows of: 1 to 64 (the server's bound)."""
-    value = _count(text)
-    if value > 64:
-        raise argparse.ArgumentTypeError(f"{value} is more than 64 tables, the most one dispatch takes")
-    return value
-
-
-def _count(text: str) -> int:
-    """A number of processes or actors: 1 to 4096."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= 4096:
-        raise argparse.ArgumentTypeError(f"{value} is outside 1 to 4096")
-    return value
+_count = _whole(4096)  # processes or actors
+_rows = _whole(65_536)  # rows one dispatch claims (the server's bound)
+_tables = _whole(64)  # tables one dispatch takes rows of (the server's bound)
 
 
 def build_parser() -> argparse.ArgumentParser:
