@@ -235,7 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--grader", metavar="KEY", help="only this grader, its score the reward (default: every grader of a source)"
     )
     regrade_p.add_argument("--workers", type=_count, help="grader processes (default: one per core)")
-    regrade_p.add_argument("--rows-per-dispatch", type=_count, default=256, help="rows claimed at a time (default 256)")
+    regrade_p.add_argument(
+        "--rows-per-dispatch", type=_rows, default=256, help="rows claimed at a time (default 256, at most 65536)"
+    )
     regrade_p.add_argument("--api-key", help="the server's API key (default: env PROCTOR_API_KEY)")
     regrade_p.set_defaults(run=_regrade)
 
