@@ -3,6 +3,7 @@ and SQLite's own (the WAL, migrations of older files)."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -102,6 +103,9 @@ def test_a_duplicate_iteration_is_refused_atomically(state: str) -> None:
         )
     # The transition of the refused iteration was rolled back with it.
     assert store.transitions() == []
+    with pytest.raises(Exception, match=r"(?i)unique"):
+        store.record_iteration(IterationRow(0, 1, 0, [{"sample_id": "a:0123456789:9"}]), [])
+    assert store.latest_served(["a:0123456789:9"]) == {}  # nor is its record indexed as served
     store.close()
 
 
@@ -262,6 +266,56 @@ def test_the_served_index_keeps_the_latest_iteration(state: str) -> None:
     store.record_iteration(IterationRow(3, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])  # an earlier gap filled
     assert store.latest_served(["a:0123456789:0"]) == {"a:0123456789:0": 7}
     store.close()
+
+
+def test_the_served_index_answers_for_ids_not_yet_written_to_it(state: str) -> None:
+    store = open_store(state)
+    store.served_index_every_s = math.inf
+    store.record_iteration(
+        IterationRow(4, 2, 0, [{"sample_id": "a:0123456789:0"}, {"sample_id": "a:0123456789:1"}]), []
+    )
+    store.record_iteration(IterationRow(2, 1, 0, [{"sample_id": "a:0123456789:1"}]), [])
+    assert store.connection.execute("SELECT COUNT(*) FROM served").fetchone()[0] == 0
+    assert store.latest_served(["a:0123456789:0", "a:0123456789:1"]) == {"a:0123456789:0": 4, "a:0123456789:1": 4}
+    store.close()  # writes them
+    again = open_store(state)
+    assert again.connection.execute("SELECT COUNT(*) FROM served").fetchone()[0] == 2
+    # and no mark of held ids is left for the next open
+    assert {k for (k,) in again.connection.execute("SELECT key FROM meta")} == {
+        "created_at",
+        "curriculum",
+        "curriculum_hash",
+        "schema_version",
+        "seed",
+    }
+    assert again.latest_served(["a:0123456789:0", "a:0123456789:1"]) == {"a:0123456789:0": 4, "a:0123456789:1": 4}
+    again.close()
+
+
+def test_the_served_index_of_a_killed_server_is_written_when_the_state_opens(state: str) -> None:
+    # The child records iterations and dies without closing: the ids it held in memory were never written to the
+    # index. One step is indexed (every_s 0), then two are held, one of them earlier than the indexed one.
+    code = f"""
+import math, os
+from proctor.server.state.rows import IterationRow
+from proctor.server.store import Store
+store = Store({state!r})
+store.bind(curriculum="tiny", curriculum_hash="abc", seed=1)
+store.served_index_every_s = 0
+store.record_iteration(IterationRow(5, 2, 0, [{{"sample_id": "a:0123456789:0"}}, {{"sample_id": "a:0123456789:1"}}]), [])
+store.served_index_every_s = math.inf
+store.record_iteration(IterationRow(7, 1, 0, [{{"sample_id": "a:0123456789:1"}}]), [])
+store.record_iteration(IterationRow(3, 2, 0, [{{"sample_id": "a:0123456789:0"}}, {{"sample_id": "a:0123456789:2"}}]), [])
+os._exit(0)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    again = open_store(state)
+    ids = ["a:0123456789:0", "a:0123456789:1", "a:0123456789:2", "a:0123456789:3"]
+    expected = {"a:0123456789:0": 5, "a:0123456789:1": 7, "a:0123456789:2": 3}
+    assert again.latest_served(ids) == expected
+    assert dict(again.connection.execute("SELECT sample_id, iteration FROM served").fetchall()) == expected
+    again.close()
 
 
 def test_closing_while_a_checkpoint_runs_waits_for_it(tmp_path: Path) -> None:

@@ -84,6 +84,7 @@ class Database:
         self._statements: dict[str, str] = {}
         self._deferred: list[tuple[str, Sequence[Any]]] = []  # PostgreSQL's writes not sent yet (see defer)
         self._begun = False
+        self._on_commit: list[Callable[[], None]] = []
 
     @classmethod
     def sqlite(cls, path: str | Path, *, synchronous: Literal["normal", "full"] | None = "normal") -> Database:
@@ -234,22 +235,33 @@ class Database:
         self.defer("BEGIN")  # with the transaction's first statement
         self._begun = True
 
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once the open transaction commits (at once outside one); never if it rolls back."""
+        if self.in_transaction:
+            self._on_commit.append(action)
+        else:
+            action()
+
     def commit(self) -> None:
         self._begun = False
+        actions, self._on_commit = self._on_commit, []
         if isinstance(self.raw, sqlite3.Connection):
             self.raw.execute("COMMIT")
-            return
-        try:
-            self.execute("COMMIT")  # with the writes still deferred, whose errors surface here
-        except BaseException:
-            # A deferred write failed: the transaction is aborted, and nothing of it stays.
-            with contextlib.suppress(*self.errors):
-                self.raw.execute("ROLLBACK")
-            raise
+        else:
+            try:
+                self.execute("COMMIT")  # with the writes still deferred, whose errors surface here
+            except BaseException:
+                # A deferred write failed: the transaction is aborted, and nothing of it stays.
+                with contextlib.suppress(*self.errors):
+                    self.raw.execute("ROLLBACK")
+                raise
+        for action in actions:
+            action()
 
     def rollback(self) -> None:
         self._begun = False
         self._deferred.clear()
+        self._on_commit.clear()
         self.execute("ROLLBACK")
 
     def close(self) -> None:

@@ -3,6 +3,7 @@ latest iteration to serve each sample id."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -18,8 +19,55 @@ from proctor.server.store.connection import _KEYS_PER_STATEMENT, _ROWS_PER_STATE
 __all__ = ["IterationQueries"]
 
 
+# How often the ids that new iterations served are written to the `served` index. Each id lands on a random page
+# of that table: written a commit at a time they were two thirds of the pages a /sample put in the WAL, where a
+# few seconds' worth together touch each page once.
+SERVED_INDEX_EVERY_S = 2.0
+_PENDING_FROM = "served_pending_from"
+
+
 class IterationQueries(StateConnection):
-    """What was served: each iteration's batch and decision, and the transitions decided for it."""
+    """What was served: each iteration's batch and decision, and the transitions decided for it.
+
+    The ``served`` index (the latest iteration to serve each sample id) is written every
+    ``served_index_every_s``, not with each iteration: the ids recorded meanwhile are held in memory, and
+    ``meta`` holds the lowest iteration among them, so that opening the state after a crash indexes the
+    iterations from there on again (their batches are stored with them).
+    """
+
+    def _opened(self) -> None:
+        super()._opened()
+        self._unindexed: dict[str, int] = {}
+        self._unindexed_from: int | None = None
+        self._indexed_at = time.monotonic()
+        self.served_index_every_s = SERVED_INDEX_EVERY_S
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (_PENDING_FROM,)).fetchone()
+        if row is not None:
+            # A server that stopped without writing its held ids: index its iterations from the mark on again.
+            ids: dict[str, int] = {}
+            rows = self._db.execute("SELECT iteration, samples FROM iterations WHERE iteration >= ?", (int(row[0]),))
+            for iteration, samples in rows.fetchall():
+                _latest(ids, (s["sample_id"] for s in json.loads(samples)), int(iteration))
+            with self._tx():
+                self._index(ids)
+
+    def _index(self, ids: dict[str, int]) -> None:
+        """Write ``ids`` to the ``served`` index and drop the mark of held ids, within the open transaction."""
+        for part in _parts(sorted(ids.items()), _ROWS_PER_STATEMENT):
+            values, params = self._db.rows(("text", "bigint"), part)
+            self._db.defer(
+                f"INSERT INTO served (sample_id, iteration) {values} ON CONFLICT (sample_id) DO UPDATE"
+                " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
+                params,
+            )
+        self._db.defer("DELETE FROM meta WHERE key = ?", (_PENDING_FROM,))
+
+    def close(self) -> None:
+        if self._unindexed:
+            # A database gone keeps the mark in meta: the next open indexes those iterations.
+            with contextlib.suppress(*self._db.errors), self._tx():
+                self._index(self._unindexed)
+        super().close()
 
     def get_iteration(self, iteration: int) -> IterationRow | None:
         row = self._reader.execute(
@@ -43,23 +91,43 @@ class IterationQueries(StateConnection):
         """:meth:`record_iteration` for several iterations (in the order given) in one transaction: one
         commit instead of one each."""
         now = time.time()
+        served: dict[str, int] = {}
+        lowest = self._unindexed_from
+        index = time.monotonic() - self._indexed_at >= self.served_index_every_s
         with self._tx():
             for row, transitions, samples_json in entries:
                 self._db.defer(
                     "INSERT INTO iterations (iteration, batch_size, stage, samples, created_at) VALUES (?, ?, ?, ?, ?)",
                     (row.iteration, row.batch_size, row.stage, samples_json or json.dumps(row.samples), now),
                 )
-                served = sorted({s["sample_id"] for s in row.samples})
-                for part in _parts(served, _ROWS_PER_STATEMENT):
-                    values, params = self._db.rows(("text", "bigint"), [(sid, row.iteration) for sid in part])
-                    self._db.defer(
-                        f"INSERT INTO served (sample_id, iteration) {values} ON CONFLICT (sample_id) DO UPDATE"
-                        " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
-                        params,
-                    )
+                _latest(served, (s["sample_id"] for s in row.samples), row.iteration)
+                lowest = row.iteration if lowest is None else min(lowest, row.iteration)
                 self._insert_transitions(transitions, now)
                 if row.decision is not None:
                     self._record_decision(row.iteration, row.stage, row.decision)
+            if index:
+                held = dict(self._unindexed)
+                for sid, iteration in served.items():
+                    _latest(held, (sid,), iteration)
+                self._index(held)
+            elif lowest != self._unindexed_from:
+                self._db.defer(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (_PENDING_FROM, str(lowest)),
+                )
+            self._db.after_commit(lambda: self._indexed(served, lowest, index))
+
+    def _indexed(self, served: dict[str, int], lowest: int | None, index: bool) -> None:
+        # Committed. A read on another thread takes the held ids before the table (latest_served), so they are let
+        # go of only once indexed, as a new dict; added in place meanwhile, a key at a time.
+        if index:
+            self._unindexed, self._unindexed_from = {}, None
+            self._indexed_at = time.monotonic()
+        else:
+            for sid, iteration in served.items():
+                _latest(self._unindexed, (sid,), iteration)
+            self._unindexed_from = lowest
 
     def _record_decision(self, iteration: int, stage: int, decision: DecisionRow) -> None:
         self._db.defer(
@@ -153,11 +221,21 @@ class IterationQueries(StateConnection):
 
     def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]:
         """The latest iteration that served each id (ids never served are absent)."""
-        out: dict[str, int] = {}
-        for part in _parts(sorted(set(sample_ids)), _KEYS_PER_STATEMENT):
+        # The held ids before the table: the writer indexes them, commits, and only then lets go of them.
+        unindexed = self._unindexed
+        ids = sorted(set(sample_ids))
+        out = {sid: unindexed[sid] for sid in ids if sid in unindexed}
+        for part in _parts(ids, _KEYS_PER_STATEMENT):
             marks = ",".join("?" * len(part))
             for sid, iteration in self._reader.execute(
                 f"SELECT sample_id, iteration FROM served WHERE sample_id IN ({marks})", part
             ):
-                out[sid] = int(iteration)
+                out[sid] = max(int(iteration), out.get(sid, -1))
         return out
+
+
+def _latest(ids: dict[str, int], sample_ids: Iterable[str], iteration: int) -> None:
+    """Mark ``iteration`` as the latest to serve each of ``sample_ids`` in ``ids``, unless a later one did."""
+    for sid in sample_ids:
+        if ids.get(sid, -1) < iteration:
+            ids[sid] = iteration
