@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import tempfile
+import tomllib
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,16 +32,26 @@ def checkout(ref: str = BASELINE) -> Iterator[tuple[dict[str, str], str]]:
         tree = Path(tmp) / "tree"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), ref], check=True)
         try:
-            package = Path(tmp) / "path" / "proctor"
-            package.mkdir(parents=True)
-            # `dock` is the experience store's folder in commits from before it took that name.
-            for name in ("server", "client", "curricula", "cli", "experience", "dock", "batching"):
-                if (tree / name).is_dir():
-                    (package / name).symlink_to(tree / name)
+            path = Path(tmp) / "path"
+            (path / "proctor").mkdir(parents=True)
+            for package, where in _packages(tree).items():
+                (path / package.replace(".", "/")).symlink_to(tree / where, target_is_directory=True)
             module = "proctor.cli" if (tree / "cli").is_dir() else "proctor.server.cli"
-            yield {"PYTHONPATH": str(package.parent)}, module
+            yield {"PYTHONPATH": str(path)}, module
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+
+
+def _packages(tree: Path) -> dict[str, str]:
+    """Where each of ``proctor``'s packages is in ``tree``: pyproject.toml's ``package-dir``, or, in commits from
+    before it had one, a folder per package at the top."""
+    config = tomllib.loads((tree / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
+    mapped: dict[str, str] = config.get("package-dir", {})
+    if mapped:
+        return {name: where for name, where in mapped.items() if name.count(".") == 1}
+    # `dock` is the experience store's folder in commits from before it took that name.
+    names = ("server", "client", "curricula", "cli", "experience", "dock", "batching")
+    return {f"proctor.{name}": name for name in names if (tree / name).is_dir()}
 
 
 def old_module(path: str, ref: str = BASELINE) -> types.ModuleType:

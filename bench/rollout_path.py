@@ -50,6 +50,9 @@ SECONDS = 8.0
 REMOTE_WORKERS = 2
 GOALS = {"sample": "≥ 1.0×, p99 ≤ 10 ms", "grade": "≥ 1.0×, p99 ≤ 100 ms"}
 POSTGRESQL_GOALS = {"sample": "", "grade": "≥ 0.7×"}
+# Every sampled step's table is kept, so that each /grade finds the step it grades (a trainer grades the step it
+# just sampled; this load samples thousands first).
+_KEEP = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": "1000000"}
 
 
 async def measure(
@@ -103,6 +106,59 @@ async def measure(
     return {"sample": sample, "grade": graded}
 
 
+def on_server(
+    folder: Path,
+    curriculum: Path,
+    answer_of: Callable[[str], str],
+    seconds: float,
+    database_url: str,
+    *,
+    env: dict[str, str] | None = None,
+    name: str = "server",
+) -> dict[str, Row]:
+    """The two loads against a ``proctor serve`` of ``database_url`` (``env`` added to its environment: a
+    ``PYTHONPATH`` runs another checkout), its log in ``folder / f"{name}.log"``."""
+    args = [str(curriculum), "--database-url", database_url, "--log-level", "warning"]
+    with ServerProcess(args, log=folder / f"{name}.log", cwd=ROOT, env={**_KEEP, **(env or {})}) as server:
+        return asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))
+
+
+def with_grade_workers(
+    folder: Path,
+    curriculum: Path,
+    answer_of: Callable[[str], str],
+    seconds: float,
+    *,
+    env: dict[str, str] | None = None,
+    name: str = "remote",
+) -> Row:
+    """The ``/grade`` load against a server that grades nothing itself, its grader role in two ``proctor
+    grade-worker`` processes (one grader process each: as many as the server's own pool has on this machine);
+    ``env`` is added to the server's and the workers' environment."""
+    args = [str(curriculum), "--database-url", str(folder / f"{name}.db"), "--log-level", "warning"]
+    env = {**_KEEP, **(env or {})}
+    with ServerProcess([*args, "--grader-workers", "0"], log=folder / f"{name}.log", cwd=ROOT, env=env) as server:
+        # The worker's defaults: a dispatch takes up to 256 rows from up to 8 tables, so the rows of up to four
+        # /grade requests (a table each) in one request and one grading batch.
+        cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", server.url, "--workers", "1"]
+        workers = [
+            subprocess.Popen(
+                [*cmd, "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL, env={**os.environ, **env}
+            )
+            for _ in range(REMOTE_WORKERS)
+        ]
+        try:
+            deadline = time.monotonic() + 60
+            while dispatch_requests(server.url) < REMOTE_WORKERS and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))["grade"]
+        finally:
+            for w in workers:
+                w.terminate()
+            for w in workers:
+                w.wait(timeout=30)
+
+
 def run(seconds: float = SECONDS) -> dict[str, Any]:
     results: dict[str, Any] = {
         "env": {
@@ -115,12 +171,7 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory(prefix="proctor-rollout-path-") as tmp:
         folder = Path(tmp)
-        curriculum, records = write_curriculum(folder)
-
-        def answer_of(sample_id: str) -> str:
-            # Both servers end a sample id with the record's place in the file.
-            return records[int(sample_id.rsplit(":", 1)[1])]["answer"]
-
+        curriculum, answer_of = write_rows(folder)
         baseline = ServerProcess(
             [str(folder / "rows.jsonl")],
             log=folder / "baseline.log",
@@ -130,43 +181,27 @@ def run(seconds: float = SECONDS) -> dict[str, Any]:
         )
         with baseline:
             bare = asyncio.run(measure(baseline.port, seconds, answer_of, pid=baseline.pid))
-        args = [str(curriculum), "--database-url", str(folder / "state.db"), "--log-level", "warning"]
-        # Every sampled step's table is kept, so that each /grade finds the step it grades (a trainer grades the
-        # step it just sampled; this load samples thousands first).
-        keep = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": "1000000"}
-        with ServerProcess(args, log=folder / "server.log", cwd=ROOT, env=keep) as server:
-            now = asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))
+        now = on_server(folder, curriculum, answer_of, seconds, str(folder / "state.db"))
         # The same server, its state in a PostgreSQL database on this machine.
         with cluster() as pg:
-            pg_args = [str(curriculum), "--database-url", pg.new_database(), "--log-level", "warning"]
-            with ServerProcess(pg_args, log=folder / "postgresql.log", cwd=ROOT, env=keep) as server:
-                on_postgresql = asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))
-        # The grader role in two `proctor grade-worker` processes instead (one grader process each: as many as
-        # the server's own pool has on this machine), the server grading nothing itself.
-        args = [str(curriculum), "--database-url", str(folder / "remote.db"), "--log-level", "warning"]
-        with ServerProcess([*args, "--grader-workers", "0"], log=folder / "remote.log", cwd=ROOT, env=keep) as server:
-            # The worker's defaults: a dispatch takes up to 256 rows from up to 8 tables, so the rows of up to four
-            # /grade requests (a table each) in one request and one grading batch.
-            cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", server.url, "--workers", "1"]
-            workers = [
-                subprocess.Popen([*cmd, "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL)
-                for _ in range(REMOTE_WORKERS)
-            ]
-            try:
-                deadline = time.monotonic() + 60
-                while dispatch_requests(server.url) < REMOTE_WORKERS and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                remote = asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))
-            finally:
-                for w in workers:
-                    w.terminate()
-                for w in workers:
-                    w.wait(timeout=30)
+            on_postgresql = on_server(folder, curriculum, answer_of, seconds, pg.new_database(), name="postgresql")
+        remote = with_grade_workers(folder, curriculum, answer_of, seconds)
     results["proctor"] = {k: asdict(v) for k, v in now.items()}
     results["postgresql"] = {k: asdict(v) for k, v in on_postgresql.items()}
-    results["remote"] = asdict(remote["grade"])
+    results["remote"] = asdict(remote)
     results["baseline"] = {k: asdict(v) for k, v in bare.items()}
     return results
+
+
+def write_rows(folder: Path) -> tuple[Path, Callable[[str], str]]:
+    """The benchmark's curriculum in ``folder`` (:func:`write_curriculum`), and each sample id's answer."""
+    curriculum, records = write_curriculum(folder)
+
+    def answer_of(sample_id: str) -> str:
+        # Both servers end a sample id with the record's place in the file.
+        return records[int(sample_id.rsplit(":", 1)[1])]["answer"]
+
+    return curriculum, answer_of
 
 
 def _compared(
