@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import platform
 import statistics
 import subprocess
 import tempfile
@@ -27,7 +25,7 @@ from bench._baseline import checkout
 from bench._load import Row
 from bench._postgresql import PostgreSQLCluster, cluster
 from bench._results import save
-from bench.rollout_path import CONCURRENCY, on_server, with_grade_workers, write_rows
+from bench.rollout_path import CONCURRENCY, environment, on_server, with_grade_workers, write_rows
 
 __all__ = ["BUILDS", "STATES", "run", "table"]
 
@@ -43,13 +41,7 @@ def run(base: str, *, state: str = "sqlite", pairs: int = PAIRS, seconds: float 
     if state not in STATES:
         raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
     results: dict[str, Any] = {
-        "env": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "concurrency": CONCURRENCY,
-            "seconds": seconds,
-        },
+        "env": environment(seconds),
         "base": _commit(base),
         "this": _commit("HEAD") + (" with changes" if _changed() else ""),
         "state": state,

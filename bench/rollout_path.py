@@ -159,16 +159,19 @@ def with_grade_workers(
                 w.wait(timeout=30)
 
 
-def run(seconds: float = SECONDS) -> dict[str, Any]:
-    results: dict[str, Any] = {
-        "env": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "concurrency": CONCURRENCY,
-            "seconds": seconds,
-        }
+def environment(seconds: float) -> dict[str, Any]:
+    """The machine and the load's shape, for the results."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "concurrency": CONCURRENCY,
+        "seconds": seconds,
     }
+
+
+def run(seconds: float = SECONDS) -> dict[str, Any]:
+    results: dict[str, Any] = {"env": environment(seconds)}
     with tempfile.TemporaryDirectory(prefix="proctor-rollout-path-") as tmp:
         folder = Path(tmp)
         curriculum, answer_of = write_rows(folder)
