@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench._baseline import checkout
+from bench._baseline import available, checkout
 from bench._load import Row
 from bench._postgresql import PostgreSQLCluster, cluster
 from bench._results import save
@@ -137,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.seconds <= 0:
         parser.error("--pairs must be at least 1 and --seconds positive")
+    if not available(args.base):
+        parser.error(f"--base {args.base}: no such commit in this clone (a shallow clone may lack it: git fetch)")
     results = run(args.base, state=args.state, pairs=args.pairs, seconds=args.seconds)
     env = results["env"]
     print(

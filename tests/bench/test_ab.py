@@ -42,6 +42,13 @@ def test_the_command_line_refuses_no_pairs(capsys: pytest.CaptureFixture[str]) -
     assert "--pairs must be at least 1 and --seconds positive" in capsys.readouterr().err
 
 
+def test_the_command_line_refuses_a_commit_it_lacks(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        ab.main(["--base", "no-such-ref"])
+    assert exited.value.code == 2
+    assert "--base no-such-ref: no such commit in this clone" in capsys.readouterr().err
+
+
 @pytest.mark.e2e
 def test_the_builds_alternate_and_the_table_compares_their_medians(
     saved_results: Callable[[ModuleType], dict[str, Any]], capsys: pytest.CaptureFixture[str]
