@@ -21,9 +21,10 @@ from pydantic import SecretStr
 from proctor.client.errors import NotReadyError, ServerFailure, TransportError
 from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
-from proctor.server.grade_worker import GradeWorker, WorkerStats, source_graders
+from proctor.server.grade_worker import TABLES_PER_DISPATCH, GradeWorker, WorkerStats, source_graders
 from proctor.server.grading.pool import GraderPool
 from proctor.server.logs import configure_logging
+from proctor.server.services.grader_role import LEASE_S, ROWS_PER_DISPATCH
 from proctor.server.settings import default_workers
 from proctor.wire.dataserver import Graders
 
@@ -39,9 +40,9 @@ class GradeWorkerOptions:
     server: str
     api_key: str | None = None
     processes: int | None = None  # grader processes; None: one per core
-    rows_per_dispatch: int = 256
-    tables_per_dispatch: int = 8
-    lease_s: float = 30.0
+    rows_per_dispatch: int = ROWS_PER_DISPATCH
+    tables_per_dispatch: int = TABLES_PER_DISPATCH
+    lease_s: float = LEASE_S
     connect_timeout_s: float = 60.0
     exit_when_idle_s: float | None = None
     judge_api_key: SecretStr | None = None  # the curriculum's LLM judges' (GET /graders never sends it)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from proctor.cli.dataserver import preview, serve, validate
 from proctor.errors import ProctorError
+from proctor.experience.store import ExperienceLimits
 
 __all__ = ["build_parser", "main"]
 
@@ -77,8 +78,8 @@ def _whole(high: int) -> Callable[[str], int]:
 
 
 _count = _whole(4096)  # processes or actors
-_rows = _whole(65_536)  # rows one dispatch claims (the server's bound)
-_tables = _whole(64)  # tables one dispatch takes rows of (the server's bound)
+_rows = _whole(ExperienceLimits().max_rows_per_call)  # rows one dispatch claims: the server's bound
+_tables = _whole(ExperienceLimits().max_tables_per_call)  # tables one dispatch takes rows of: the server's bound
 
 
 def build_parser() -> argparse.ArgumentParser:
