@@ -60,8 +60,9 @@ __all__ = [
     "read_json",
 ]
 
-MAX_ROWS = 65_536
-MAX_TABLES = ExperienceLimits().max_tables_per_call  # tables a dispatch_many takes, leases a collect_many collects
+_LIMITS = ExperienceLimits()  # the store's bounds, which the wire states in the schema
+MAX_ROWS = _LIMITS.max_rows_per_call
+MAX_TABLES = _LIMITS.max_tables_per_call  # tables a dispatch_many takes, leases a collect_many collects
 _Index = Annotated[int, Field(ge=0, le=2**31)]
 _Name = Annotated[str, Field(min_length=1, max_length=64)]
 _Row = tuple[_Index, _Index]
@@ -268,7 +269,7 @@ class ReadBody(_Wire):
 MAX_DISPATCH_WAIT_S = 30.0
 
 
-_LeaseS = Annotated[float, Field(gt=0, le=86_400, description="Seconds the rows are held.")]
+_LeaseS = Annotated[float, Field(gt=0, le=_LIMITS.max_lease_s, description="Seconds the rows are held.")]
 _WaitS = Annotated[
     float,
     Field(
@@ -389,7 +390,7 @@ class CollectedManyBody(_Wire):
 
 
 class RenewRequest(_Wire):
-    lease_s: float = Field(default=60.0, gt=0, le=86_400)
+    lease_s: _LeaseS = 60.0
 
 
 class RenewBody(_Wire):
