@@ -169,7 +169,14 @@ async def dispatch(
 ) -> Response:
     """Claim rows ready for the consumer under a lease (empty, with ``lease: null``, when none is ready, at once
     or after ``wait_s`` without one)."""
-    empty, answer = await _when_ready(server, body.wait_s, partial(_dispatch, name=name, body=body))
+    return await _long_poll(server, request, body.wait_s, partial(_dispatch, name=name, body=body))
+
+
+async def _long_poll(
+    server: Dataserver, request: Request, wait_s: float, look: Callable[[ExperienceStore], tuple[bool, bytes]]
+) -> Response:
+    """A dispatch's answer (see :func:`_when_ready`); an empty one is left out of the access log."""
+    empty, answer = await _when_ready(server, wait_s, look)
     # An idle worker's dispatches, one every few seconds, would bury the requests that matter in the log.
     request.state.quiet = empty
     return Response(answer, media_type="application/json")
@@ -220,9 +227,7 @@ async def dispatch_many(
     """Claim up to ``count`` ready rows in all, from up to ``tables`` tables, the oldest first: a dispatch per
     table, each under a lease of its own (none when no row is ready, at once or after ``wait_s`` without one).
     A worker whose rows come one table at a time makes one request for several."""
-    empty, answer = await _when_ready(server, body.wait_s, partial(_dispatch_many, name=name, body=body))
-    request.state.quiet = empty
-    return Response(answer, media_type="application/json")
+    return await _long_poll(server, request, body.wait_s, partial(_dispatch_many, name=name, body=body))
 
 
 def _dispatch_many(experience: ExperienceStore, name: str, body: dw.DispatchManyRequest) -> tuple[bool, bytes]:
