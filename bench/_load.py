@@ -118,9 +118,9 @@ def completion(answer: str, n: int, k: int, latex: bool) -> str:
 
 def dispatch_requests(url: str) -> int:
     """Dispatches the server at ``url`` has answered (a grade-worker's first one says it is up)."""
-    answered = 0
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        for route in ("dispatch", "dispatches"):
-            if line.startswith(f'proctor_requests_total{{method="POST",route="/experience/consumers/{{name}}/{route}"'):
-                answered += int(float(line.rsplit(" ", 1)[1]))
-    return answered
+    routes = tuple(
+        f'proctor_requests_total{{method="POST",route="/experience/consumers/{{name}}/{route}"'
+        for route in ("dispatch", "dispatches")
+    )
+    lines = httpx.get(url + "/metrics").text.splitlines()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in lines if line.startswith(routes))
