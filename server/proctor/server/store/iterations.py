@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from proctor.server.state.rows import (
@@ -106,10 +106,7 @@ class IterationQueries(StateConnection):
                 if row.decision is not None:
                     self._record_decision(row.iteration, row.stage, row.decision)
             if index:
-                held = dict(self._unindexed)
-                for sid, iteration in served.items():
-                    _latest(held, (sid,), iteration)
-                self._index(held)
+                self._index(_merged(dict(self._unindexed), served))
             elif lowest != self._unindexed_from:
                 self._db.defer(
                     "INSERT INTO meta (key, value) VALUES (?, ?)"
@@ -125,8 +122,7 @@ class IterationQueries(StateConnection):
             self._unindexed, self._unindexed_from = {}, None
             self._indexed_at = time.monotonic()
         else:
-            for sid, iteration in served.items():
-                _latest(self._unindexed, (sid,), iteration)
+            _merged(self._unindexed, served)
             self._unindexed_from = lowest
 
     def _record_decision(self, iteration: int, stage: int, decision: DecisionRow) -> None:
@@ -239,3 +235,11 @@ def _latest(ids: dict[str, int], sample_ids: Iterable[str], iteration: int) -> N
     for sid in sample_ids:
         if ids.get(sid, -1) < iteration:
             ids[sid] = iteration
+
+
+def _merged(into: dict[str, int], ids: Mapping[str, int]) -> dict[str, int]:
+    """``into`` with each of ``ids`` at the later of its two iterations (changed in place, a key at a time)."""
+    for sid, iteration in ids.items():
+        if into.get(sid, -1) < iteration:
+            into[sid] = iteration
+    return into
