@@ -7,7 +7,19 @@ import proctor.experience
 
 def test_all_lists_exactly_the_public_names() -> None:
     public = {name for name in vars(proctor.experience) if not name.startswith("_")} - {"annotations"}
-    modules = {"columns", "database", "errors", "loop", "persistence", "store", "values", "wire"}
+    modules = {
+        "columns",
+        "consumers",
+        "database",
+        "errors",
+        "limits",
+        "loop",
+        "persistence",
+        "store",
+        "tables",
+        "values",
+        "wire",
+    }
     assert set(proctor.experience.__all__) == public - modules
     assert sorted(proctor.experience.__all__) == proctor.experience.__all__
 

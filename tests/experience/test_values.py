@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from proctor.experience import ExperienceInputError
-from proctor.experience.store import Dispatch
+from proctor.experience import Dispatch, ExperienceInputError
 from proctor.experience.values import (
     DTYPES,
     MAX_NDIM,

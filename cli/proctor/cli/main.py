@@ -15,7 +15,7 @@ from pathlib import Path
 
 from proctor.cli.dataserver import preview, serve, validate
 from proctor.errors import ProctorError
-from proctor.experience.store import ExperienceLimits
+from proctor.experience import ExperienceLimits
 
 __all__ = ["build_parser", "main"]
 

@@ -13,8 +13,9 @@ from pydantic import BaseModel, ValidationError
 
 from proctor.client.errors import DataserverError, ServerError
 from proctor.client.http import ProctorClient
+from proctor.experience.consumers import Collected, Consumer, Consumption, Dispatch
 from proctor.experience.errors import ExperienceError, ExperienceInputError, LeaseError, error_class
-from proctor.experience.store import Collected, Consumer, Consumption, Dispatch, RowKey, TableInfo
+from proctor.experience.tables import RowKey, TableInfo
 from proctor.experience.values import Value, as_stored
 from proctor.wire import experience as dw
 

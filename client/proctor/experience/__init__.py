@@ -4,6 +4,7 @@ produce and consume it (``ExperienceStore``), in this process or behind the data
 
 from __future__ import annotations
 
+from proctor.experience.consumers import Collected, Consumer, Consumption, Dispatch
 from proctor.experience.errors import (
     CellConflictError,
     CellsMissingError,
@@ -14,17 +15,10 @@ from proctor.experience.errors import (
     UnknownConsumerError,
     UnknownIterationError,
 )
+from proctor.experience.limits import ExperienceLimits
 from proctor.experience.loop import consume
-from proctor.experience.store import (
-    Collected,
-    Consumer,
-    Consumption,
-    Dispatch,
-    ExperienceLimits,
-    ExperienceStore,
-    RowKey,
-    TableInfo,
-)
+from proctor.experience.store import ExperienceStore
+from proctor.experience.tables import RowKey, TableInfo
 from proctor.experience.values import Value
 
 __all__ = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from proctor.experience.store import Consumer
+from proctor.experience.consumers import Consumer
 
 __all__ = [
     "COMPLETION",

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from proctor.experience.consumers import Collected, Dispatch
 from proctor.experience.errors import LeaseError
-from proctor.experience.store import Collected, Dispatch
 from proctor.experience.values import Value
 
 __all__ = ["ExperienceLike", "consume"]

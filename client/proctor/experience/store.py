@@ -29,14 +29,20 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from proctor.batching.dynamic import plan_dynamic_batches
+from proctor.experience.consumers import (
+    Collected,
+    Consumer,
+    Consumption,
+    Dispatch,
+    balanced_parts,
+    even_parts,
+)
 from proctor.experience.database import Database
 from proctor.experience.errors import (
     CellConflictError,
@@ -47,246 +53,17 @@ from proctor.experience.errors import (
     UnknownConsumerError,
     UnknownIterationError,
 )
-from proctor.experience.persistence import ExperienceTables, Lease, StoredTable, pack_cells, unpack_cells
+from proctor.experience.limits import ExperienceLimits, check_count, check_name
+from proctor.experience.persistence import ExperienceTables, Lease, pack_cells, unpack_cells
+from proctor.experience.tables import FreshCells, Index, RowKey, Table, TableInfo, age_of, iteration_of
 from proctor.experience.values import Value, decode_cells, encode_cell
 
-__all__ = [
-    "Collected",
-    "Consumer",
-    "Consumption",
-    "Dispatch",
-    "ExperienceLimits",
-    "ExperienceStore",
-    "RowKey",
-    "TableInfo",
-]
-
-RowKey = tuple[int, int]
-"""``(slot, index)``: a prompt's slot in the step's batch, and which of its completions."""
+__all__ = ["ExperienceStore"]
 
 _WAIT_LOOK_S = 0.01  # how often a waiting dispatch looks for ready rows
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-.")
-_MAX_NAME = 64
-
-
-@dataclass(frozen=True, slots=True)
-class ExperienceLimits:
-    """Bounds on what one call may ask for: each call's work is bounded by them."""
-
-    max_slots: int = 65_536
-    max_group_size: int = 4_096
-    max_rows: int = 1 << 20
-    """Rows in one table (slots × group_size)."""
-    max_rows_per_call: int = 65_536
-    max_tables_per_call: int = 64
-    """Tables one :meth:`ExperienceStore.dispatch_many` takes rows of, and leases one ``collect_many`` collects."""
-    max_columns: int = 64
-    max_lease_s: float = 86_400.0
-
-
-@dataclass(frozen=True, slots=True)
-class Consumer:
-    """A named role: the columns it needs before a row is handed to it, and the columns it may write back."""
-
-    name: str
-    needs: tuple[str, ...]
-    produces: tuple[str, ...] = ()
-    dispatch_size: int | None = None
-    """Rows per ``dispatch`` when the call does not say: for a role of the batch-size vocabulary,
-    ``derive_batch_plan(...).dispatch_size(role)`` (``global × n / role_dp_size`` pairs; the whole batch for a
-    rule reward and for advantages)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TableInfo:
-    iteration: int
-    slots: int
-    group_size: int | None
-    """Completions per prompt; None until a writer that knows it opens the table with it."""
-    written: Mapping[str, int]
-    """Rows whose cell is written so far, per column."""
-    width: int = 0
-    """Rows per slot so far: the group size, or one past the highest completion index written."""
-
-    @property
-    def rows(self) -> int:
-        return self.slots * (self.group_size if self.group_size is not None else self.width)
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """Rows handed to one consumer under one lease, with the values of the columns it needs.
-
-    Empty (``lease is None``) when no row is ready. ``parts[r]`` lists the positions in ``rows`` that
-    data-parallel reader ``r`` takes (one part holding every position without ``dp_size``).
-    """
-
-    consumer: str
-    iteration: int | None
-    lease: str | None
-    expires_at: float | None
-    rows: tuple[RowKey, ...]
-    columns: Mapping[str, list[Value]]
-    parts: tuple[tuple[int, ...], ...]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-
-@dataclass(frozen=True, slots=True)
-class Collected:
-    """What a ``collect`` consumed: the lease's consumer, table and rows (in dispatch order)."""
-
-    consumer: str
-    iteration: int
-    rows: tuple[RowKey, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Consumption:
-    """Where one consumer stands in one table."""
-
-    consumer: str
-    iteration: int
-    rows: int
-    consumed: int
-    held: int
-    """Rows under a live lease."""
-    ready: int
-    """Rows it could be handed now."""
-
-    @property
-    def all_consumed(self) -> bool:
-        return self.consumed == self.rows
-
-
-Index = npt.NDArray[np.int64]
 _Found = TypeVar("_Found")
 _Columns = Literal["values", "cells", "none"]  # what a claim hands out of its rows' needed columns
 _CHUNK_CACHE_BYTES = 32 * 1024 * 1024
-
-
-@dataclass(slots=True)
-class _Column:
-    """Where each written cell of one column is: its chunk (0 when not written) and its position there.
-    A column written per slot holds one cell per slot, shared by the slot's rows. The arrays may be larger
-    than the table (room to grow into)."""
-
-    per_slot: bool
-    chunk: Index
-    pos: npt.NDArray[np.int32]
-    count: int = 0
-    """Cells written."""
-
-    def written(self, slots: int, width: int) -> npt.NDArray[np.bool_]:
-        """The written rows, as a ``slots × width`` mask."""
-        if self.per_slot:
-            return np.repeat((self.chunk[:slots] != 0)[:, None], width, axis=1)
-        found: npt.NDArray[np.bool_] = self.chunk[:slots, :width] != 0
-        return found
-
-
-@dataclass(slots=True)
-class _Table:
-    iteration: int
-    slots: int
-    group_size: int | None
-    width: int
-    """Rows per slot so far: the group size, or (while it is not set) one past the highest index written."""
-    columns: dict[str, _Column] = field(default_factory=dict)
-    consumed: dict[str, npt.NDArray[np.bool_]] = field(default_factory=dict)
-    held: dict[str, npt.NDArray[np.bool_]] = field(default_factory=dict)
-    taken: dict[str, int] = field(default_factory=dict)
-    """Rows each consumer holds or has consumed."""
-    room: tuple[int, int] = (0, 0)
-    """The arrays' shape: at least ``slots × width``, doubled as the table grows so growing costs little."""
-
-    def __post_init__(self) -> None:
-        self.room = (self.slots, self.width)
-
-    @property
-    def rows(self) -> int:
-        return self.slots * self.width
-
-    def stored(self) -> StoredTable:
-        return StoredTable(self.iteration, self.slots, self.group_size)
-
-    def grow(self, slots: int, width: int) -> None:
-        """Make room for ``slots × width`` rows; new rows start unwritten, unconsumed and unheld."""
-        slots, width = max(slots, self.slots), max(width, self.width)
-        have_s, have_w = self.room
-        if slots > have_s or width > have_w:
-            room = (
-                max(slots, 2 * have_s) if slots > have_s else have_s,
-                max(width, 2 * have_w) if width > have_w else have_w,
-            )
-            grow_s, grow_w = room[0] - have_s, room[1] - have_w
-            for column in self.columns.values():
-                pad = ((0, grow_s),) if column.per_slot else ((0, grow_s), (0, grow_w))
-                column.chunk = np.pad(column.chunk, pad)
-                column.pos = np.pad(column.pos, pad)
-            for masks in (self.consumed, self.held):
-                for name, mask in masks.items():
-                    masks[name] = np.pad(mask, ((0, grow_s), (0, grow_w)))
-            self.room = room
-        self.slots, self.width = slots, width
-
-    def take(self, consumer: str, rows: int) -> None:
-        self.taken[consumer] = self.taken.get(consumer, 0) + rows
-
-    def mask(self, masks: dict[str, npt.NDArray[np.bool_]], name: str) -> npt.NDArray[np.bool_]:
-        """The mask of ``name`` (a view of the table's rows), created (all False) on first use: only for a
-        change about to be made, so that names a caller merely asks about take no memory."""
-        found = masks.get(name)
-        if found is None:
-            found = masks[name] = np.zeros(self.room, dtype=bool)
-        return found[: self.slots, : self.width]
-
-    def peek(self, masks: dict[str, npt.NDArray[np.bool_]], name: str) -> npt.NDArray[np.bool_]:
-        """The mask of ``name`` to read (all False when there is none); never stored."""
-        found = masks.get(name)
-        if found is None:
-            return np.zeros((self.slots, self.width), dtype=bool)
-        return found[: self.slots, : self.width]
-
-    def written(self, name: str) -> npt.NDArray[np.bool_]:
-        column = self.columns.get(name)
-        if column is None:
-            return np.zeros((self.slots, self.width), dtype=bool)
-        return column.written(self.slots, self.width)
-
-    def rows_written(self, name: str) -> int:
-        """Rows whose cell of ``name`` is written."""
-        column = self.columns.get(name)
-        if column is None:
-            return 0
-        return column.count * self.width if column.per_slot else column.count
-
-    def column(self, name: str, per_slot: bool) -> _Column:
-        found = self.columns.get(name)
-        if found is None:
-            shape = (self.room[0],) if per_slot else self.room
-            found = self.columns[name] = _Column(per_slot, np.zeros(shape, np.int64), np.zeros(shape, np.int32))
-        return found
-
-
-@dataclass(frozen=True, slots=True)
-class _Fresh:
-    """One column's cells of a write that are not written yet, encoded."""
-
-    slots: Index
-    indices: Index | None
-    cells: list[bytes]
-
-
-def _age(iteration: int) -> tuple[int, bool]:
-    """Tables in the order of the steps they belong to: a step's table, then its table of loose rows."""
-    return (iteration, False) if iteration >= 0 else (-iteration - 1, True)
-
-
-def _iteration(age: tuple[int, bool]) -> int:
-    step, loose = age
-    return -step - 1 if loose else step
 
 
 class ExperienceStore:
@@ -316,7 +93,7 @@ class ExperienceStore:
         self._clock = clock
         self._lock = threading.RLock()
         self._db = ExperienceTables(path, synchronous=synchronous)
-        self._tables: dict[int, _Table] = {}
+        self._tables: dict[int, Table] = {}
         # The kept iterations of each kind (steps, and tables of loose rows), oldest first: retention's order.
         self._ages: dict[bool, list[tuple[int, bool]]] = {False: [], True: []}
         self._consumers: dict[str, Consumer] = {}
@@ -348,8 +125,8 @@ class ExperienceStore:
 
     def _load(self) -> None:
         for info in self._db.tables():
-            self._tables[info.iteration] = _Table(info.iteration, info.slots, info.group_size, info.group_size or 0)
-            bisect.insort(self._ages[info.iteration < 0], _age(info.iteration))
+            self._tables[info.iteration] = Table(info.iteration, info.slots, info.group_size, info.group_size or 0)
+            bisect.insort(self._ages[info.iteration < 0], age_of(info.iteration))
         for chunk in self._db.chunks():
             table = self._tables.get(chunk.iteration)
             if table is None:
@@ -387,10 +164,10 @@ class ExperienceStore:
 
         A negative ``iteration`` names a table of loose rows (completions of step ``-iteration - 1`` that fit
         none of its slots), kept beside the steps' tables and retained the same way."""
-        _check_count("iteration", iteration, -(2**62), 2**62)
-        _check_count("slots", slots, 1, self.limits.max_slots)
+        check_count("iteration", iteration, -(2**62), 2**62)
+        check_count("slots", slots, 1, self.limits.max_slots)
         if group_size is not None:
-            _check_count("group_size", group_size, 1, self.limits.max_group_size)
+            check_count("group_size", group_size, 1, self.limits.max_group_size)
             if slots * group_size > self.limits.max_rows:
                 raise ExperienceInputError(
                     "slots",
@@ -406,11 +183,11 @@ class ExperienceStore:
                     f"iteration {iteration} is older than every table kept (the store keeps the last "
                     f"{self.keep_iterations}); it was dropped by retention or comes too late"
                 )
-            table = _Table(iteration, slots, group_size, group_size or 0)
+            table = Table(iteration, slots, group_size, group_size or 0)
             ages = self._ages[iteration < 0]
-            at = bisect.bisect(ages, _age(iteration))
-            ages = [*ages[:at], _age(iteration), *ages[at:]]
-            dropped = [_iteration(a) for a in ages[: max(0, len(ages) - self.keep_iterations)]]
+            at = bisect.bisect(ages, age_of(iteration))
+            ages = [*ages[:at], age_of(iteration), *ages[at:]]
+            dropped = [iteration_of(a) for a in ages[: max(0, len(ages) - self.keep_iterations)]]
             with self._db.transaction():
                 self._db.drop_tables(dropped)
                 self._db.add_table(table.stored())
@@ -436,9 +213,9 @@ class ExperienceStore:
 
     def _room_for(self, iteration: int) -> bool:
         ages = self._ages[iteration < 0]
-        return not (ages and _age(iteration) < ages[0] and len(ages) >= self.keep_iterations)
+        return not (ages and age_of(iteration) < ages[0] and len(ages) >= self.keep_iterations)
 
-    def _reshape(self, table: _Table, slots: int, group_size: int | None) -> None:
+    def _reshape(self, table: Table, slots: int, group_size: int | None) -> None:
         """Check an opening of an existing table against its shape; a first group size is set here."""
         shape = f"{table.slots} slots × group_size {table.group_size}"
         if table.slots != slots or (None not in (group_size, table.group_size) and group_size != table.group_size):
@@ -464,7 +241,7 @@ class ExperienceStore:
 
     def add_slots(self, iteration: int, count: int) -> int:
         """Append ``count`` slots to a table (one of loose rows, say); returns the first new slot."""
-        _check_count("count", count, 1, self.limits.max_slots)
+        check_count("count", count, 1, self.limits.max_slots)
         with self._lock:
             table = self._table(iteration)
             first = table.slots
@@ -480,7 +257,7 @@ class ExperienceStore:
     def kept(self) -> list[int]:
         """The iterations whose tables are kept, oldest first (cheaper than :meth:`tables`)."""
         with self._lock:
-            return sorted(self._tables, key=_age)
+            return sorted(self._tables, key=age_of)
 
     def has(self, iteration: int) -> bool:
         """Whether the table of ``iteration`` is kept."""
@@ -490,13 +267,13 @@ class ExperienceStore:
     def tables(self) -> list[TableInfo]:
         """The tables kept, oldest first."""
         with self._lock:
-            return [self._info(self._tables[i]) for i in sorted(self._tables, key=_age)]
+            return [self._info(self._tables[i]) for i in sorted(self._tables, key=age_of)]
 
     def table(self, iteration: int) -> TableInfo:
         with self._lock:
             return self._info(self._table(iteration))
 
-    def _info(self, table: _Table) -> TableInfo:
+    def _info(self, table: Table) -> TableInfo:
         written = {}
         for name in sorted(table.columns):
             column = table.columns[name]
@@ -505,7 +282,7 @@ class ExperienceStore:
                 written[name] = count
         return TableInfo(table.iteration, table.slots, table.group_size, written, table.width)
 
-    def _table(self, iteration: int) -> _Table:
+    def _table(self, iteration: int) -> Table:
         table = self._tables.get(iteration)
         if table is None:
             kept = f"{min(self._tables)}..{max(self._tables)}" if self._tables else "none"
@@ -520,18 +297,18 @@ class ExperienceStore:
         self, name: str, *, needs: Sequence[str], produces: Sequence[str] = (), dispatch_size: int | None = None
     ) -> Consumer:
         """Declare a consumer, or check that it is declared with these columns (registering is idempotent)."""
-        _check_name("name", name)
+        check_name("name", name)
         for what, columns in (("needs", needs), ("produces", produces)):
             if isinstance(columns, str):
                 raise ExperienceInputError(what, f"a list of column names, not the string {columns!r}")
             if len(columns) > self.limits.max_columns:
                 raise ExperienceInputError(what, f"{len(columns)} columns; at most {self.limits.max_columns}")
             for n, column in enumerate(columns):
-                _check_name(f"{what}[{n}]", column)
+                check_name(f"{what}[{n}]", column)
         if not needs:
             raise ExperienceInputError("needs", "a consumer needs at least one column, the one whose rows it reads")
         if dispatch_size is not None:
-            _check_count("dispatch_size", dispatch_size, 1, self.limits.max_rows_per_call)
+            check_count("dispatch_size", dispatch_size, 1, self.limits.max_rows_per_call)
         consumer = Consumer(name, tuple(dict.fromkeys(needs)), tuple(dict.fromkeys(produces)), dispatch_size)
         with self._lock:
             known = self._consumers.get(name)
@@ -576,9 +353,7 @@ class ExperienceStore:
             table = self._table(iteration)
             self._write(table, self._slots(table, slots), None, columns)
 
-    def _write(
-        self, table: _Table, slots: Index, indices: Index | None, columns: Mapping[str, Sequence[Value]]
-    ) -> None:
+    def _write(self, table: Table, slots: Index, indices: Index | None, columns: Mapping[str, Sequence[Value]]) -> None:
         fresh = self._fresh_cells(table, slots, indices, columns)
         if indices is not None and len(indices):
             top = int(indices.max()) + 1
@@ -616,7 +391,7 @@ class ExperienceStore:
             table = self._table(iteration)
             slots, indices = self._rows(table, rows)
             for n, name in enumerate(columns):
-                _check_name(f"columns[{n}]", name)
+                check_name(f"columns[{n}]", name)
                 if missing == "none":
                     continue
                 absent = ~self._written_at(table, name, slots, indices)
@@ -629,7 +404,7 @@ class ExperienceStore:
             return self._cell_bytes(table, slots, indices, columns)
 
     def _cells(
-        self, table: _Table, name: str, slots: Index, indices: Index | None
+        self, table: Table, name: str, slots: Index, indices: Index | None
     ) -> tuple[Index, npt.NDArray[np.int32]] | None:
         """Each asked cell's chunk (0 where not written) and its position there; None for a column the table
         does not have. ``indices`` None asks for slots (of a column written per slot)."""
@@ -642,14 +417,14 @@ class ExperienceStore:
         s, k = np.where(inside, slots, 0), np.where(inside, indices, 0)
         return np.where(inside, column.chunk[s, k], 0), column.pos[s, k]
 
-    def _written_at(self, table: _Table, name: str, slots: Index, indices: Index | None) -> npt.NDArray[np.bool_]:
+    def _written_at(self, table: Table, name: str, slots: Index, indices: Index | None) -> npt.NDArray[np.bool_]:
         found = self._cells(table, name, slots, indices)
         return np.zeros(len(slots), dtype=bool) if found is None else found[0] != 0
 
-    def _capacity(self, table: _Table) -> int:
+    def _capacity(self, table: Table) -> int:
         return table.group_size if table.group_size is not None else self.limits.max_group_size
 
-    def _rows(self, table: _Table, rows: Sequence[RowKey]) -> tuple[Index, Index]:
+    def _rows(self, table: Table, rows: Sequence[RowKey]) -> tuple[Index, Index]:
         if len(rows) > self.limits.max_rows_per_call:
             raise ExperienceInputError("rows", f"{len(rows)} rows; at most {self.limits.max_rows_per_call} per call")
         capacity = self._capacity(table)
@@ -673,7 +448,7 @@ class ExperienceStore:
             raise ExperienceInputError("rows", "a row appears twice; give each row once")
         return slots, indices
 
-    def _slots(self, table: _Table, slots: Sequence[int]) -> Index:
+    def _slots(self, table: Table, slots: Sequence[int]) -> Index:
         if len(slots) > self.limits.max_rows_per_call:
             raise ExperienceInputError("slots", f"{len(slots)} slots; at most {self.limits.max_rows_per_call} per call")
         out = np.empty(len(slots), dtype=np.int64)
@@ -688,16 +463,16 @@ class ExperienceStore:
         return out
 
     def _fresh_cells(
-        self, table: _Table, slots: Index, indices: Index | None, columns: Mapping[str, Sequence[Value]]
-    ) -> dict[str, _Fresh]:
+        self, table: Table, slots: Index, indices: Index | None, columns: Mapping[str, Sequence[Value]]
+    ) -> dict[str, FreshCells]:
         """The cells to write, encoded, per column: those not written yet. A cell written before must hold the
         same value (a retried write), or nothing is written at all."""
         if len(columns) > self.limits.max_columns:
             raise ExperienceInputError("columns", f"{len(columns)} columns; at most {self.limits.max_columns} per call")
         per_slot = indices is None
-        fresh: dict[str, _Fresh] = {}
+        fresh: dict[str, FreshCells] = {}
         for name, values in columns.items():
-            _check_name(f"columns.{name}", name)
+            check_name(f"columns.{name}", name)
             if len(values) != len(slots):
                 raise ExperienceInputError(
                     f"columns.{name}", f"{len(values)} values for {len(slots)} rows; send one per row"
@@ -724,10 +499,12 @@ class ExperienceStore:
                             "with another value; each column is written once per row"
                         )
             new = np.flatnonzero(~written)
-            fresh[name] = _Fresh(slots[new], None if indices is None else indices[new], [cells[int(n)] for n in new])
+            fresh[name] = FreshCells(
+                slots[new], None if indices is None else indices[new], [cells[int(n)] for n in new]
+            )
         return fresh
 
-    def _store_cells(self, table: _Table, fresh: Mapping[str, _Fresh]) -> dict[str, tuple[int, bytes]]:
+    def _store_cells(self, table: Table, fresh: Mapping[str, FreshCells]) -> dict[str, tuple[int, bytes]]:
         """Write :meth:`_fresh_cells`' cells, a chunk per column, inside the caller's transaction; returns each
         column's chunk id and cells."""
         names = [name for name, f in fresh.items() if f.cells]
@@ -737,7 +514,7 @@ class ExperienceStore:
         return {name: (chunk, blob) for name, chunk, blob in zip(names, ids, blobs, strict=True)}
 
     def _mark_written(
-        self, table: _Table, fresh: Mapping[str, _Fresh], stored: Mapping[str, tuple[int, bytes]]
+        self, table: Table, fresh: Mapping[str, FreshCells], stored: Mapping[str, tuple[int, bytes]]
     ) -> None:
         """Record :meth:`_store_cells`' chunks as written, once their transaction has committed."""
         for name, f in fresh.items():
@@ -751,7 +528,7 @@ class ExperienceStore:
 
     def _place(
         self,
-        table: _Table,
+        table: Table,
         name: str,
         slots: Index | npt.NDArray[np.int32],
         indices: Index | npt.NDArray[np.int32] | None,
@@ -786,7 +563,7 @@ class ExperienceStore:
                 self._cache(c, blob)
         return out
 
-    def _stored(self, table: _Table, name: str, slots: Index, indices: Index | None) -> list[bytes | None]:
+    def _stored(self, table: Table, name: str, slots: Index, indices: Index | None) -> list[bytes | None]:
         """The stored bytes of one column's cells (None where not written)."""
         found = self._cells(table, name, slots, indices)
         if found is None:
@@ -804,7 +581,7 @@ class ExperienceStore:
         return out
 
     def _cell_bytes(
-        self, table: _Table, slots: Index, indices: Index, columns: Sequence[str]
+        self, table: Table, slots: Index, indices: Index, columns: Sequence[str]
     ) -> dict[str, list[bytes | None]]:
         return {name: self._stored(table, name, slots, indices) for name in columns}
 
@@ -863,7 +640,7 @@ class ExperienceStore:
         lease_s: float,
         columns: _Columns,
     ) -> Dispatch:
-        _check_count("dp_size", dp_size, 1, 4096)
+        check_count("dp_size", dp_size, 1, 4096)
         self._check_lease_s(lease_s)
         if groups and balance_by is not None:
             raise ExperienceInputError(
@@ -885,7 +662,7 @@ class ExperienceStore:
                         "groups", f"iteration {iteration} has no group_size yet; open it with one to hand out groups"
                     )
             else:
-                candidates = [self._tables[i] for i in sorted(self._maybe[c.name], key=_age)]
+                candidates = [self._tables[i] for i in sorted(self._maybe[c.name], key=age_of)]
                 if groups:
                     candidates = [t for t in candidates if t.group_size is not None]
             for table in candidates:
@@ -921,7 +698,7 @@ class ExperienceStore:
         :class:`Dispatch` per table, each under a lease of its own, in one transaction. Empty when no row is
         ready, at once or, with ``wait_s``, once that many seconds passed without one. A worker whose rows come
         one table at a time (each step of a run, each ``/grade`` outside one) makes one call for several."""
-        _check_count("tables", tables, 1, self.limits.max_tables_per_call)
+        check_count("tables", tables, 1, self.limits.max_tables_per_call)
         self._check_lease_s(lease_s)
         with self._lock:  # refused here, a bad request costs no rollback of the batch below
             want = self._want(self._consumer(consumer), count)
@@ -950,7 +727,7 @@ class ExperienceStore:
         want = count if count is not None else c.dispatch_size
         if want is None:
             raise ExperienceInputError("count", f"consumer {c.name!r} has no dispatch_size; give count")
-        _check_count("count", want, 1, self.limits.max_rows_per_call)
+        check_count("count", want, 1, self.limits.max_rows_per_call)
         return want
 
     def claim(
@@ -978,13 +755,13 @@ class ExperienceStore:
         if not (0 < lease_s <= self.limits.max_lease_s):
             raise ExperienceInputError("lease_s", f"{lease_s} is outside (0, {self.limits.max_lease_s:g}] seconds")
 
-    def _ready(self, table: _Table, c: Consumer) -> npt.NDArray[np.bool_]:
+    def _ready(self, table: Table, c: Consumer) -> npt.NDArray[np.bool_]:
         ready = ~table.peek(table.consumed, c.name) & ~table.peek(table.held, c.name)
         for name in c.needs:
             ready &= table.written(name)
         return ready
 
-    def _choose(self, table: _Table, c: Consumer, want: int, groups: bool) -> tuple[Index, Index]:
+    def _choose(self, table: Table, c: Consumer, want: int, groups: bool) -> tuple[Index, Index]:
         if min(table.rows_written(need) for need in c.needs) <= table.taken.get(c.name, 0):
             # Every row whose needs are written is held or consumed: none is ready.
             return np.empty(0, np.int64), np.empty(0, np.int64)
@@ -1004,7 +781,7 @@ class ExperienceStore:
 
     def _claim(
         self,
-        table: _Table,
+        table: Table,
         c: Consumer,
         slots: Index,
         indices: Index,
@@ -1019,9 +796,9 @@ class ExperienceStore:
         values = _decoded(cells) if columns == "values" else cells
         if balance_by is not None:
             lengths = values[balance_by] if columns == "values" else decode_cells(cells[balance_by])
-            parts = _balanced(lengths, dp_size, max_tokens)
+            parts = balanced_parts(lengths, dp_size, max_tokens)
         else:
-            parts = _parts(len(slots), dp_size, table.width if groups else 1)
+            parts = even_parts(len(slots), dp_size, table.width if groups else 1)
         lease = Lease(
             secrets.token_hex(16),
             c.name,
@@ -1129,7 +906,7 @@ class ExperienceStore:
         """:meth:`collect` of each ``(lease, columns)`` of ``consumer``, in one transaction. A lease the store
         refuses (unknown or expired) is answered with its :class:`LeaseError` in its place, and the others are
         collected; any other error refuses them all, and nothing is written."""
-        _check_count("collections", len(results), 0, self.limits.max_tables_per_call)
+        check_count("collections", len(results), 0, self.limits.max_tables_per_call)
         with self._lock:  # refused here, a bad request costs no rollback of the batch below
             self._consumer(consumer)
             for n, (lease, _) in enumerate(results):
@@ -1221,45 +998,5 @@ def _looked(wait_s: float, look: Callable[[], _Found], empty: Callable[[_Found],
         time.sleep(min(left, _WAIT_LOOK_S))
 
 
-def _check_count(field: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ExperienceInputError(field, f"{value!r} is not an integer")
-    if not low <= value <= high:
-        raise ExperienceInputError(field, f"{value} is outside {low}..{high}")
-
-
-def _check_name(field: str, name: Any) -> None:
-    if not isinstance(name, str) or not name or len(name) > _MAX_NAME or not set(name) <= _NAME_CHARS:
-        raise ExperienceInputError(
-            field, f"{name!r} is not a name: use 1 to {_MAX_NAME} of lower-case letters, digits, '_', '-' and '.'"
-        )
-
-
-def _parts(n: int, dp_size: int, unit: int) -> tuple[tuple[int, ...], ...]:
-    """``n`` positions in ``dp_size`` contiguous parts of near-equal size, cut at multiples of ``unit`` (a
-    group stays with one reader)."""
-    units = n // unit
-    bounds = [round(r * units / dp_size) * unit for r in range(dp_size + 1)]
-    return tuple(tuple(range(bounds[r], bounds[r + 1])) for r in range(dp_size))
-
-
 def _decoded(cells: Mapping[str, list[bytes | None]]) -> dict[str, list[Value]]:
     return {name: decode_cells(column) for name, column in cells.items()}
-
-
-def _balanced(values: Iterable[Value], dp_size: int, max_tokens: int | None) -> tuple[tuple[int, ...], ...]:
-    lengths = []
-    for n, v in enumerate(values):
-        length = len(v) if isinstance(v, np.ndarray | list) else v
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise ExperienceInputError(
-                "balance_by", f"row {n} has {v!r} there: balance by an array column or a positive integer one"
-            )
-        lengths.append(length)
-    try:
-        plan = plan_dynamic_batches(
-            lengths, max_tokens_per_microbatch=max_tokens or max(sum(lengths), 1), dp_size=dp_size
-        )
-    except ValueError as exc:
-        raise ExperienceInputError("dp_size", str(exc)) from None
-    return tuple(tuple(plan.permutation(r)) for r in range(dp_size))

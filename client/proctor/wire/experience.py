@@ -14,8 +14,10 @@ from typing import Annotated, Any, Literal, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from proctor.experience.consumers import Collected, Consumer, Consumption, Dispatch
 from proctor.experience.errors import ExperienceInputError, LeaseError
-from proctor.experience.store import Collected, Consumer, Consumption, Dispatch, ExperienceLimits, TableInfo
+from proctor.experience.limits import ExperienceLimits
+from proctor.experience.tables import TableInfo
 from proctor.experience.values import (
     MAX_NDIM,
     Value,

@@ -20,9 +20,8 @@ from typing import Any, Literal, Protocol
 import httpx
 from pydantic import SecretStr
 
-from proctor.experience import Consumer, LeaseError, RowKey, TableInfo, Value
+from proctor.experience import Consumer, Consumption, LeaseError, RowKey, TableInfo, Value
 from proctor.experience import columns as col
-from proctor.experience.store import Consumption
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.pool import GraderPool
 from proctor.server.grading.registry import SourceGraders
