@@ -8,6 +8,7 @@ import proctor.experience
 def test_all_lists_exactly_the_public_names() -> None:
     public = {name for name in vars(proctor.experience) if not name.startswith("_")} - {"annotations"}
     modules = {
+        "cells",
         "columns",
         "consumers",
         "database",

@@ -29,6 +29,7 @@ __all__ = [
     "cell_wire_array",
     "decode_cell",
     "decode_cells",
+    "decode_columns",
     "encode_cell",
     "from_wire_array",
     "to_wire_array",
@@ -153,3 +154,8 @@ def from_wire_array(field: str, dtype: str, shape: Sequence[int], data: str) -> 
             f"{field}.data", f"{len(raw)} bytes, but shape {list(shape)} of {dtype} needs {need}; send the raw array"
         )
     return np.frombuffer(raw, dtype=dt).reshape(tuple(shape)).astype(dt.newbyteorder("="))
+
+
+def decode_columns(cells: Mapping[str, list[bytes | None]]) -> dict[str, list[Value]]:
+    """Each column's stored cells decoded (:func:`decode_cells`)."""
+    return {name: decode_cells(column) for name, column in cells.items()}
