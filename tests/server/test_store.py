@@ -274,9 +274,11 @@ def test_the_served_index_answers_for_ids_not_yet_written_to_it(state: str) -> N
     store.record_iteration(
         IterationRow(4, 2, 0, [{"sample_id": "a:0123456789:0"}, {"sample_id": "a:0123456789:1"}]), []
     )
-    store.record_iteration(IterationRow(2, 1, 0, [{"sample_id": "a:0123456789:1"}]), [])
+    store.record_iteration(IterationRow(5, 1, 0, [{"sample_id": "a:0123456789:1"}]), [])
     assert store.connection.execute("SELECT COUNT(*) FROM served").fetchone()[0] == 0
-    assert store.latest_served(["a:0123456789:0", "a:0123456789:1"]) == {"a:0123456789:0": 4, "a:0123456789:1": 4}
+    assert store.latest_served(["a:0123456789:0", "a:0123456789:1"]) == {"a:0123456789:0": 4, "a:0123456789:1": 5}
+    store.record_iteration(IterationRow(2, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])  # a gap filled late
+    assert store.latest_served(["a:0123456789:0", "a:0123456789:1"]) == {"a:0123456789:0": 4, "a:0123456789:1": 5}
     store.close()  # writes them
     again = open_store(state)
     assert again.connection.execute("SELECT COUNT(*) FROM served").fetchone()[0] == 2
@@ -288,8 +290,27 @@ def test_the_served_index_answers_for_ids_not_yet_written_to_it(state: str) -> N
         "schema_version",
         "seed",
     }
-    assert again.latest_served(["a:0123456789:0", "a:0123456789:1"]) == {"a:0123456789:0": 4, "a:0123456789:1": 4}
+    assert again.latest_served(["a:0123456789:0", "a:0123456789:1"]) == {"a:0123456789:0": 4, "a:0123456789:1": 5}
     again.close()
+
+
+def test_an_iteration_below_one_recorded_is_indexed_at_once(state: str) -> None:
+    # Held ids are marked by their lowest iteration, which a restart after a crash indexes again from; an
+    # iteration recorded late below the others must not move that mark back over every iteration since.
+    store = open_store(state)
+    store.served_index_every_s = math.inf
+    store.record_iteration(IterationRow(1_000, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])
+    store.record_iteration(
+        IterationRow(5, 2, 0, [{"sample_id": "a:0123456789:0"}, {"sample_id": "a:0123456789:1"}]), []
+    )
+    assert dict(store.connection.execute("SELECT sample_id, iteration FROM served").fetchall()) == {
+        "a:0123456789:0": 5,
+        "a:0123456789:1": 5,
+    }
+    mark = store.connection.execute("SELECT value FROM meta WHERE key = 'served_pending_from'").fetchone()
+    assert mark == ("1000",)
+    assert store.latest_served(["a:0123456789:0", "a:0123456789:1"]) == {"a:0123456789:0": 1_000, "a:0123456789:1": 5}
+    store.close()
 
 
 def test_the_served_index_of_a_killed_server_is_written_when_the_state_opens(state: str) -> None:

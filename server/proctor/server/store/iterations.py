@@ -32,7 +32,9 @@ class IterationQueries(StateConnection):
     The ``served`` index (the latest iteration to serve each sample id) is written every
     ``served_index_every_s``, not with each iteration: the ids recorded meanwhile are held in memory, and
     ``meta`` holds the lowest iteration among them, so that opening the state after a crash indexes the
-    iterations from there on again (their batches are stored with them).
+    iterations from there on again (their batches are stored with them). An iteration below one already
+    recorded (a gap filled late) is indexed at once instead, so that the mark never reaches back past the
+    iterations recorded since the last write.
     """
 
     def _opened(self) -> None:
@@ -50,9 +52,15 @@ class IterationQueries(StateConnection):
                 _latest(ids, (s["sample_id"] for s in json.loads(samples)), int(iteration))
             with self._tx():
                 self._index(ids)
+        self._highest = self.last_iteration()
 
     def _index(self, ids: dict[str, int]) -> None:
         """Write ``ids`` to the ``served`` index and drop the mark of held ids, within the open transaction."""
+        self._write_served(ids)
+        self._db.defer("DELETE FROM meta WHERE key = ?", (_PENDING_FROM,))
+
+    def _write_served(self, ids: Mapping[str, int]) -> None:
+        """Write ``ids`` to the ``served`` index, within the open transaction."""
         for part in _parts(sorted(ids.items()), _ROWS_PER_STATEMENT):
             values, params = self._db.rows(("text", "bigint"), part)
             self._db.defer(
@@ -60,7 +68,6 @@ class IterationQueries(StateConnection):
                 " SET iteration = excluded.iteration WHERE excluded.iteration > served.iteration",
                 params,
             )
-        self._db.defer("DELETE FROM meta WHERE key = ?", (_PENDING_FROM,))
 
     def close(self) -> None:
         if self._unindexed:
@@ -92,7 +99,8 @@ class IterationQueries(StateConnection):
         commit instead of one each."""
         now = time.time()
         served: dict[str, int] = {}
-        lowest = self._unindexed_from
+        late: dict[str, int] = {}  # the ids of iterations below one already recorded: indexed at once
+        lowest, highest = self._unindexed_from, self._highest
         index = time.monotonic() - self._indexed_at >= self.served_index_every_s
         with self._tx():
             for row, transitions, samples_json in entries:
@@ -100,11 +108,18 @@ class IterationQueries(StateConnection):
                     "INSERT INTO iterations (iteration, batch_size, stage, samples, created_at) VALUES (?, ?, ?, ?, ?)",
                     (row.iteration, row.batch_size, row.stage, samples_json or json.dumps(row.samples), now),
                 )
-                _latest(served, (s["sample_id"] for s in row.samples), row.iteration)
-                lowest = row.iteration if lowest is None else min(lowest, row.iteration)
+                ids = (s["sample_id"] for s in row.samples)
+                if highest is not None and row.iteration < highest:
+                    _latest(late, ids, row.iteration)
+                else:
+                    _latest(served, ids, row.iteration)
+                    lowest = row.iteration if lowest is None else min(lowest, row.iteration)
+                    highest = row.iteration
                 self._insert_transitions(transitions, now)
                 if row.decision is not None:
                     self._record_decision(row.iteration, row.stage, row.decision)
+            if late:
+                self._write_served(late)
             if index:
                 self._index(_merged(dict(self._unindexed), served))
             elif lowest != self._unindexed_from:
@@ -113,11 +128,12 @@ class IterationQueries(StateConnection):
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                     (_PENDING_FROM, str(lowest)),
                 )
-            self._db.after_commit(lambda: self._indexed(served, lowest, index))
+            self._db.after_commit(lambda: self._indexed(served, lowest, highest, index))
 
-    def _indexed(self, served: dict[str, int], lowest: int | None, index: bool) -> None:
+    def _indexed(self, served: dict[str, int], lowest: int | None, highest: int | None, index: bool) -> None:
         # Committed. A read on another thread takes the held ids before the table (latest_served), so they are let
         # go of only once indexed, as a new dict; added in place meanwhile, a key at a time.
+        self._highest = highest
         if index:
             self._unindexed, self._unindexed_from = {}, None
             self._indexed_at = time.monotonic()
