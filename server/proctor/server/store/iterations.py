@@ -49,7 +49,7 @@ class IterationQueries(StateConnection):
             ids: dict[str, int] = {}
             rows = self._db.execute("SELECT iteration, samples FROM iterations WHERE iteration >= ?", (int(row[0]),))
             for iteration, samples in rows.fetchall():
-                _latest(ids, (s["sample_id"] for s in json.loads(samples)), int(iteration))
+                _latest(ids, ((s["sample_id"], int(iteration)) for s in json.loads(samples)))
             with self._tx():
                 self._index(ids)
         self._highest = self.last_iteration()
@@ -108,12 +108,13 @@ class IterationQueries(StateConnection):
                     "INSERT INTO iterations (iteration, batch_size, stage, samples, created_at) VALUES (?, ?, ?, ?, ?)",
                     (row.iteration, row.batch_size, row.stage, samples_json or json.dumps(row.samples), now),
                 )
-                ids = (s["sample_id"] for s in row.samples)
+                ids = ((s["sample_id"], row.iteration) for s in row.samples)
                 if highest is not None and row.iteration < highest:
-                    _latest(late, ids, row.iteration)
-                else:
-                    _latest(served, ids, row.iteration)
-                    lowest = row.iteration if lowest is None else min(lowest, row.iteration)
+                    _latest(late, ids)
+                else:  # held: in order, so the first held is the lowest
+                    _latest(served, ids)
+                    if lowest is None:
+                        lowest = row.iteration
                     highest = row.iteration
                 self._insert_transitions(transitions, now)
                 if row.decision is not None:
@@ -121,7 +122,7 @@ class IterationQueries(StateConnection):
             if late:
                 self._write_served(late)
             if index:
-                self._index(_merged(dict(self._unindexed), served))
+                self._index(_latest(dict(self._unindexed), served.items()))
             elif lowest != self._unindexed_from:
                 self._db.defer(
                     "INSERT INTO meta (key, value) VALUES (?, ?)"
@@ -138,7 +139,7 @@ class IterationQueries(StateConnection):
             self._unindexed, self._unindexed_from = {}, None
             self._indexed_at = time.monotonic()
         else:
-            _merged(self._unindexed, served)
+            _latest(self._unindexed, served.items())
             self._unindexed_from = lowest
 
     def _record_decision(self, iteration: int, stage: int, decision: DecisionRow) -> None:
@@ -246,16 +247,10 @@ class IterationQueries(StateConnection):
         return out
 
 
-def _latest(ids: dict[str, int], sample_ids: Iterable[str], iteration: int) -> None:
-    """Mark ``iteration`` as the latest to serve each of ``sample_ids`` in ``ids``, unless a later one did."""
-    for sid in sample_ids:
-        if ids.get(sid, -1) < iteration:
-            ids[sid] = iteration
-
-
-def _merged(into: dict[str, int], ids: Mapping[str, int]) -> dict[str, int]:
-    """``into`` with each of ``ids`` at the later of its two iterations (changed in place, a key at a time)."""
-    for sid, iteration in ids.items():
+def _latest(into: dict[str, int], served: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """``into`` with each ``(sample id, iteration)`` of ``served`` at the later of the two iterations (changed in
+    place, a key at a time)."""
+    for sid, iteration in served:
         if into.get(sid, -1) < iteration:
             into[sid] = iteration
     return into
