@@ -50,6 +50,16 @@ def nan(sample):
 def die(sample):
     os._exit(9)
 
+def gated(sample, *, seconds):
+    # Waits until the test opens the gate (a file beside this module), then scores 1.
+    gate = os.path.join(os.path.dirname(__file__), "open")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if os.path.exists(gate):
+            return 1.0
+        time.sleep(0.01)
+    return 0.0
+
 def rendezvous(sample, *, seconds):
     # Marks its process, then waits for another process to mark its own: a task sees two marks only if tasks
     # run in two processes side by side.
@@ -90,6 +100,7 @@ def graders(tmp_path: Path) -> dict[str, LocalGrader]:
         "nan": make("nan"),
         "die": make("die"),
         "rendezvous": make("rendezvous", seconds=20),
+        "gated": make("gated", seconds=20),
     }
 
 
@@ -211,6 +222,59 @@ async def test_a_cancelled_task_does_not_poison_the_pool(pool: GraderPool, grade
         await task
     results = await asyncio.gather(*(pool.run([graders["right"]], SAMPLE, 5) for _ in range(4)))
     assert results == [RIGHT] * 4
+
+
+async def _settle() -> None:
+    """Let the tasks started so far run until they wait (for a worker, or a worker's answer)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_a_freed_worker_goes_to_the_request_that_waited_longest(
+    graders: dict[str, LocalGrader], tmp_path: Path
+) -> None:
+    # One worker, busy with the first of two chunks of a large request; two small requests wait for it, the
+    # second one after the first. The large one keeps the worker between its chunks (nobody who came earlier
+    # waits), then the worker goes to the small requests in the order they came.
+    p = GraderPool(1)
+    await p.start()
+    try:
+        done: list[str] = []
+        large = [([graders["gated"]], SAMPLE)] + [([graders["right"]], SAMPLE)] * 127  # chunks of 64 and 64
+        small = [([graders["right"]], SAMPLE)] * 8
+        tasks = []
+        for name, work in (("large", large), ("first", small), ("second", small)):
+            task = asyncio.ensure_future(p.run_many(work, 30))
+            task.add_done_callback(lambda _, name=name: done.append(name))
+            tasks.append(task)
+            await _settle()
+        (tmp_path / "open").touch()
+        results = await asyncio.gather(*tasks)
+    finally:
+        await p.close()
+    assert done == ["large", "first", "second"]
+    assert results == [[{"gated": GraderOutcome.scored(1.0)}] + [RIGHT] * 127, [RIGHT] * 8, [RIGHT] * 8]
+
+
+async def test_a_request_cancelled_while_it_waits_for_a_worker_loses_none(
+    graders: dict[str, LocalGrader], tmp_path: Path
+) -> None:
+    p = GraderPool(1)
+    await p.start()
+    try:
+        busy = asyncio.ensure_future(p.run([graders["gated"]], SAMPLE, 30))
+        await _settle()
+        waiting = asyncio.ensure_future(p.run([graders["right"]], SAMPLE, 30))
+        await _settle()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        (tmp_path / "open").touch()
+        assert await busy == {"gated": GraderOutcome.scored(1.0)}
+        assert await asyncio.gather(*(p.run([graders["right"]], SAMPLE, 5) for _ in range(3))) == [RIGHT] * 3
+        assert p.replaced == 0
+    finally:
+        await p.close()
 
 
 async def test_close_stops_every_worker(graders: dict[str, LocalGrader]) -> None:
