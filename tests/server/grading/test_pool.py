@@ -178,6 +178,17 @@ async def test_work_spreads_over_the_workers(pool: GraderPool, graders: dict[str
     assert results == [{"rendezvous": GraderOutcome.scored(1.0)}] * 16
 
 
+async def test_a_small_request_of_slow_tasks_is_graded_side_by_side(
+    pool: GraderPool, graders: dict[str, LocalGrader]
+) -> None:
+    # Once the pool has seen tasks take 50 ms, one such task is worth a message of its own: each of these two
+    # waits until a task in another process has started, and would wait its 20 s out and score 0 if one
+    # process took both.
+    await pool.run_many([([graders["quick"]], SAMPLE)] * 8, 5)
+    results = await pool.run_many([([graders["rendezvous"]], SAMPLE)] * 2, 30)
+    assert results == [{"rendezvous": GraderOutcome.scored(1.0)}] * 2
+
+
 async def test_the_time_limit_is_per_task(pool: GraderPool, graders: dict[str, LocalGrader]) -> None:
     # Sixteen 50 ms tasks on two workers, eight to a chunk: a chunk takes 0.4 s, each of its tasks 50 ms, and
     # none times out against a limit of 0.3 s while it waits its turn.

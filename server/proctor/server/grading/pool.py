@@ -2,7 +2,8 @@
 
 Graders are arbitrary Python (sympy-backed math checks, user code) that may be slow, hang, or crash the
 interpreter, so they run in worker processes. A request's completions go to the workers in chunks, one
-message per chunk each way (the round trip to a process costs more than a plain-number grade):
+message per chunk each way (the round trip to a process costs more than a plain-number grade), shared among
+the workers down to one completion a chunk once completions are seen to take longer than the round trip:
 
 - **Time limits.** A worker arms a timer for each completion; when it fires, the grader is interrupted with
   an exception that ``except Exception`` does not catch, that completion is a timeout, and the worker goes on
@@ -54,6 +55,9 @@ log = logging.getLogger("proctor.grading")
 
 _BOOT_TIMEOUT_S = 60.0
 _MIN_CHUNK, _MAX_CHUNK = 8, 64  # tasks per message to a worker
+# A message to a worker and its answer cost about 0.12 ms here (one cheap task a call, timed): a chunk is split
+# further only while its tasks take longer than about twice that, so that grading them side by side pays.
+_MESSAGE_S = 0.25e-3
 # A worker sends the results it has whenever this long has passed since it last sent: the server then
 # hears from a healthy worker at least every time limit + _FLUSH_S, without a message per completion.
 _FLUSH_S = 0.05
@@ -241,6 +245,7 @@ class GraderPool:
         self._idle = _IdleWorkers()
         self._requests = itertools.count()
         self._all: set[_Worker] = set()
+        self._task_s: float | None = None  # seconds a task takes in a worker, a moving average over chunks
         self._closed = False
         self._replacing: set[asyncio.Task[None]] = set()
         self.replaced = 0
@@ -309,7 +314,7 @@ class GraderPool:
                     else:
                         # Share what is left among the workers, so that one request uses all of them, but not in
                         # slivers: waking a process costs about as much as grading a few cheap completions.
-                        size = min(_MAX_CHUNK, max(_MIN_CHUNK, -(-len(queue) // self.size)))
+                        size = min(_MAX_CHUNK, max(self._min_chunk(), -(-len(queue) // self.size)))
                         chunk = [queue.popleft() for _ in range(min(size, len(queue)))]
                     # While it grades, the worker is _run_chunk's: one that fails, or is cancelled, is replaced.
                     busy, worker = worker, None
@@ -332,16 +337,24 @@ class GraderPool:
 
         # No more drainers than there are chunks to take: a spare one would wait for a worker only to hand it
         # back, holding the request up (a failed worker's replacement takes a while to arrive).
-        chunks = -(-len(tasks) // _MIN_CHUNK)
+        chunks = -(-len(tasks) // self._min_chunk())
         await asyncio.gather(*(drain() for _ in range(min(self.size, chunks))))
         lost = GraderOutcome.failed(FailureKind.CRASH, "not graded: the grader pool stopped")
         return [r if r is not None else {g.key: lost for g in t[0]} for r, t in zip(results, tasks, strict=True)]
+
+    def _min_chunk(self) -> int:
+        """The fewest tasks worth a message to a worker: a few cheap ones, or one that takes a while (a sandboxed
+        program, math-verify on LaTeX), so that even a small request's tasks are graded side by side."""
+        if self._task_s is None:
+            return _MIN_CHUNK
+        return max(1, min(_MIN_CHUNK, math.ceil(_MESSAGE_S / max(self._task_s, 1e-9))))
 
     async def _run_chunk(
         self, worker: _Worker, chunk: list[Task], timeout_s: float
     ) -> tuple[list[list[_Raw]], GraderOutcome | None]:
         """The chunk's results in order, and, if the worker failed before answering them all, why."""
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
         fd = worker.conn.fileno()
         out: list[list[_Raw]] = []
         failure: GraderOutcome | None = None
@@ -381,6 +394,8 @@ class GraderPool:
                         FailureKind.CRASH, f"the grader process died (exit code {worker.process.returncode})"
                     )
                     return out, failure
+            task_s = (time.perf_counter() - started) / len(chunk)
+            self._task_s = task_s if self._task_s is None else 0.8 * self._task_s + 0.2 * task_s
             return out, None
         finally:
             if len(out) < len(chunk) or failure is not None:
