@@ -23,6 +23,7 @@ from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
 from proctor.server.grade_worker import TABLES_PER_DISPATCH, GradeWorker, WorkerStats, source_graders
 from proctor.server.grading.pool import GraderPool
+from proctor.server.grading.registry import local_refs
 from proctor.server.logs import configure_logging
 from proctor.server.services.grader_role import LEASE_S, ROWS_PER_DISPATCH
 from proctor.server.settings import default_workers
@@ -119,7 +120,7 @@ async def grade(options: GradeWorkerOptions, stop: asyncio.Event) -> WorkerStats
         spec = await asyncio.to_thread(server_graders, client, options.connect_timeout_s)
         graders = source_graders(spec)
         processes = options.processes or default_workers()
-        pool = GraderPool(processes)
+        pool = GraderPool(processes, graders=local_refs(graders))
         await pool.start()
         log.info("grading for %s with %d grader processes", options.server, processes)
         if options.judge_api_key is None and any(s.judges for s in spec.sources.values()):

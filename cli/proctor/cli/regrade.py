@@ -22,6 +22,7 @@ from proctor.client.experience import ExperienceClient
 from proctor.client.http import ProctorClient
 from proctor.server.grade_worker import source_graders
 from proctor.server.grading.pool import GraderPool
+from proctor.server.grading.registry import local_refs
 from proctor.server.regrade import Regrade, only_grader, verdict_changes
 from proctor.server.settings import default_workers
 from proctor.wire.dataserver import CurriculumState
@@ -64,7 +65,7 @@ async def _regrade(args: argparse.Namespace, client: ProctorClient, iterations: 
         ),
         key=lambda t: (_step(t), t < 0),
     )
-    pool = GraderPool(args.workers or default_workers())
+    pool = GraderPool(args.workers or default_workers(), graders=local_refs(graders))
     await pool.start()
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False) as http:

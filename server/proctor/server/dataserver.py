@@ -28,6 +28,7 @@ from proctor.server.curriculum.timeline import RECENT_ERRORS, TIMELINE_ITERATION
 from proctor.server.exceptions import NotFoundError
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.grading.pool import GraderPool
+from proctor.server.grading.registry import local_refs
 from proctor.server.metrics import Metrics
 from proctor.server.services import views
 from proctor.server.services.context import ServingContext
@@ -103,7 +104,9 @@ class Dataserver:
             experience = await AsyncExperienceStore.open(settings, storage)
             g = GRADER
             await experience.call(experience.store.register, g.name, needs=g.needs, produces=g.produces)
-            pool = GraderPool(settings.grader_workers) if settings.grader_workers > 0 else None
+            pool = None
+            if settings.grader_workers > 0:
+                pool = GraderPool(settings.grader_workers, graders=local_refs(curriculum.graders))
             if pool is not None:
                 await pool.start()
         except BaseException:

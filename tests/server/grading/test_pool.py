@@ -288,6 +288,48 @@ async def test_a_request_cancelled_while_it_waits_for_a_worker_loses_none(
         await p.close()
 
 
+async def test_a_grader_whose_import_outlasts_the_time_limit_is_imported_before_grading(tmp_path: Path) -> None:
+    # Imported under a completion's limit, the import would be cut short, and tried (and cut short) again by
+    # every completion after it: none would ever be graded.
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\ntime.sleep(1.5)\n\ndef right(sample):\n    return 1.0\n")
+    grader = LocalGrader("right", f"{slow}:right", {}, 1.0, False)
+    p = GraderPool(1, graders=[grader.ref])
+    await p.start()
+    try:
+        assert await p.run_many([([grader], SAMPLE)] * 2, 0.5) == [RIGHT] * 2
+    finally:
+        await p.close()
+
+
+async def test_a_grader_that_cannot_be_imported_fails_each_completion(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('needs a GPU')\n\ndef right(sample):\n    return 1.0\n")
+    grader = LocalGrader("right", f"{broken}:right", {}, 1.0, False)
+    p = GraderPool(1, graders=[grader.ref])
+    await p.start()  # the worker starts all the same
+    try:
+        [outcomes] = await p.run_many([([grader], SAMPLE)], 5)
+    finally:
+        await p.close()
+    assert outcomes == {"right": GraderOutcome.failed(FailureKind.ERROR, "RuntimeError: needs a GPU")}
+
+
+async def test_math_verify_is_ready_before_the_first_latex_answer(tmp_path: Path) -> None:
+    # math imports math-verify on its first LaTeX answer (0.2 s, and 0.08 s more for its parser): a pool that will
+    # grade with math has its workers do that before they grade.
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\n\ndef imported(sample):\n    return float('math_verify' in sys.modules)\n")
+    grader = LocalGrader("imported", f"{probe}:imported", {}, 1.0, False)
+    for refs, expected in (([grader.ref], 0.0), (["builtin:math", grader.ref], 1.0)):
+        p = GraderPool(1, graders=refs)
+        await p.start()
+        try:
+            assert await p.run([grader], SAMPLE, 5) == {"imported": GraderOutcome.scored(expected)}
+        finally:
+            await p.close()
+
+
 async def test_close_stops_every_worker(graders: dict[str, LocalGrader]) -> None:
     p = GraderPool(2)
     await p.start()

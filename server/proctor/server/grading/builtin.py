@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILTIN_GRADERS",
     "FAST_VERDICTS",
+    "PREPARE",
     "REASONING_CORE_INSTALL",
     "REASONING_CORE_METADATA",
     "REASONING_GYM_INSTALL",
@@ -580,6 +581,16 @@ few string operations and linear-time regular expressions over a completion of b
 arithmetic on numbers of at most 4,300 digits (Python's limit for reading one), and floating-point
 comparison. ``fn(sample, **params)`` is the grader's score, or ``None`` where only the grader process can
 decide (``math`` handing over to math-verify, a missing reference, a bad parameter, a long completion)."""
+
+
+def _prepare_math() -> None:
+    # Imports math_verify (and sympy) and builds its LaTeX parser, about 0.3 s together here.
+    math(GradeInput(prompt="", completion="$x^2 + 1$", answer="$x^2+1$"))  # not a plain number: math-verify reads it
+
+
+PREPARE: Mapping[str, Callable[[], None]] = MappingProxyType({"math": _prepare_math})
+"""What a built-in grader builds on its first call beyond the module's import, done ahead by a grader process
+that is about to grade with it (see :func:`proctor.server.grading.registry.prepare_grader`)."""
 
 
 BUILTIN_GRADERS: Mapping[str, GraderFn] = MappingProxyType(

@@ -47,13 +47,14 @@ from typing import Any
 from proctor.server.exceptions import ProctorError
 from proctor.server.grading.base import GradeInput, Verdict
 from proctor.server.grading.outcome import FailureKind, GraderOutcome
-from proctor.server.grading.registry import LocalGrader, load_callable
+from proctor.server.grading.registry import LocalGrader, load_callable, prepare_grader
 
 __all__ = ["GraderPool", "GraderPoolError", "Task", "TaskOutcomes"]
 
 log = logging.getLogger("proctor.grading")
 
 _BOOT_TIMEOUT_S = 60.0
+_GRADERS = "--graders"  # in a worker's arguments: the grader references after it, the modules to import before
 _MIN_CHUNK, _MAX_CHUNK = 8, 64  # tasks per message to a worker
 # A message to a worker and its answer cost about 0.12 ms here (one cheap task a call, timed): a chunk is split
 # further only while its tasks take longer than about twice that, so that grading them side by side pays.
@@ -149,8 +150,9 @@ def _grade(graders: Sequence[tuple[str, Mapping[str, Any]]], sample: GradeInput,
     return out
 
 
-def _worker_main(conn: Connection, preload: Sequence[str]) -> None:
-    """Runs in each worker process: grade chunks until the connection closes (or the server dies).
+def _worker_main(conn: Connection, preload: Sequence[str], refs: Sequence[str] = ()) -> None:
+    """Runs in each worker process: prepare the graders ``refs`` names, then grade chunks until the connection
+    closes (or the server dies).
 
     A chunk is ``(timeout_s, grader_sets, tasks)`` with tasks ``(index into grader_sets, GradeInput fields)``. Results
     go back in order, in lists sent whenever ``_FLUSH_S`` has passed and at the end of the chunk.
@@ -159,6 +161,15 @@ def _worker_main(conn: Connection, preload: Sequence[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for module in preload:
         __import__(module)
+    for ref in refs:
+        # Outside any completion's time limit: an import slower than the limit, cut short under it, would be
+        # tried again (and cut short again) by every completion. One that fails here fails each completion, as
+        # its error.
+        try:
+            _loaded[ref] = load_callable(ref)
+            prepare_grader(ref)
+        except Exception:
+            _loaded.pop(ref, None)
     conn.send("ready")
     while True:
         try:
@@ -237,11 +248,20 @@ class _IdleWorkers:
 class GraderPool:
     """``await pool.run(graders, sample, timeout_s)`` grades one completion in a worker process."""
 
-    def __init__(self, workers: int, *, preload: Sequence[str] = ("proctor.server.grading.builtin",)) -> None:
+    def __init__(
+        self,
+        workers: int,
+        *,
+        preload: Sequence[str] = ("proctor.server.grading.builtin",),
+        graders: Sequence[str] = (),
+    ) -> None:
+        """``preload``: modules each worker imports as it starts; ``graders``: references of the graders it will
+        run, imported and prepared (:func:`~proctor.server.grading.registry.prepare_grader`) before it grades."""
         if workers < 1:
             raise ValueError(f"a grader pool needs at least 1 worker, got {workers}")
         self.size = workers
         self._preload = list(preload)
+        self._graders = list(dict.fromkeys(graders))
         self._idle = _IdleWorkers()
         self._requests = itertools.count()
         self._all: set[_Worker] = set()
@@ -261,8 +281,9 @@ class GraderPool:
         # as the loop.
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        args = [str(child.fileno()), str(os.getpid()), *self._preload, _GRADERS, *self._graders]
         process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(child.fileno()), str(os.getpid()), *self._preload],
+            [sys.executable, "-m", __name__, *args],
             pass_fds=[child.fileno()],
             stdin=subprocess.DEVNULL,
             env=env,
@@ -275,9 +296,15 @@ class GraderPool:
         except (EOFError, OSError):  # it died while starting
             ready = False
         if not ready:
+            running = process.poll() is None
             process.kill()
             process.wait()
             conn.close()
+            if running:
+                raise GraderPoolError(
+                    f"a grader process was not ready within {_BOOT_TIMEOUT_S:g} s: it imports and prepares the "
+                    f"graders first ({', '.join(self._graders) or 'none'}); make their import quicker"
+                )
             raise GraderPoolError(f"a grader process did not start (exit code {process.returncode})")
         worker = _Worker(process, conn)
         self._all.add(worker)
@@ -478,9 +505,14 @@ def _resolve(done: asyncio.Future[None]) -> None:
 
 
 if __name__ == "__main__":
-    # python -m proctor.server.grading.pool FD PPID [MODULE ...]: a worker, spawned by GraderPool._spawn.
+    # python -m proctor.server.grading.pool FD PPID [MODULE ...] [--graders REF ...]: a worker, spawned by
+    # GraderPool._spawn.
     # PPID may be missing when a server that was started before an upgrade replaces a worker.
     fd, *args = sys.argv[1:]
     if args and args[0].isdigit():
         _die_with(int(args.pop(0)))
-    _worker_main(Connection(int(fd)), args)
+    modules, graders = args, []
+    if _GRADERS in args:
+        at = args.index(_GRADERS)
+        modules, graders = args[:at], args[at + 1 :]
+    _worker_main(Connection(int(fd)), modules, graders)

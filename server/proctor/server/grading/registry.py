@@ -30,6 +30,8 @@ __all__ = [
     "RemoteGrader",
     "SourceGraders",
     "load_callable",
+    "local_refs",
+    "prepare_grader",
     "resolve_graders",
 ]
 
@@ -100,6 +102,11 @@ class SourceGraders:
     judges: tuple[JudgeGrader, ...] = field(default=())
 
 
+def local_refs(graders: Mapping[str, SourceGraders]) -> list[str]:
+    """The references of the sources' local graders (those a grader process runs), each once."""
+    return list(dict.fromkeys(g.ref for source in graders.values() for g in source.local))
+
+
 def load_callable(ref: str) -> GraderFn:
     """Import what a reference names: ``builtin:name``, ``module:attr`` or ``/abs/file.py:attr``."""
     if ref.startswith(BUILTIN_PREFIX):
@@ -128,6 +135,19 @@ def load_callable(ref: str) -> GraderFn:
     if not callable(fn):
         raise TypeError(f"{ref} is a {type(fn).__name__}, not a function")
     return cast(GraderFn, fn)
+
+
+def prepare_grader(ref: str) -> None:
+    """Import the grader ``ref`` names, and build what a built-in one builds on its first call (math-verify's
+    parser, for ``math``): a grader process does this before it grades, so that no completion's time limit
+    pays for an import."""
+    load_callable(ref)
+    if ref.startswith(BUILTIN_PREFIX):
+        from proctor.server.grading.builtin import PREPARE
+
+        prepare = PREPARE.get(ref.removeprefix(BUILTIN_PREFIX))
+        if prepare is not None:
+            prepare()
 
 
 def resolve_graders(
