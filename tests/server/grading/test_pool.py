@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -241,18 +243,31 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+@contextlib.asynccontextmanager
+async def started(p: GraderPool) -> AsyncIterator[GraderPool]:
+    await p.start()
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+def module_grader(path: Path, source: str, name: str) -> LocalGrader:
+    """The grader ``name`` of a module written to ``path``."""
+    path.write_text(source)
+    return LocalGrader(name, f"{path}:{name}", {}, 1.0, False)
+
+
 async def test_a_freed_worker_goes_to_the_request_that_waited_longest(
     graders: dict[str, LocalGrader], tmp_path: Path
 ) -> None:
     # One worker, busy with the first of two chunks of a large request; two small requests wait for it, the
     # second one after the first. The large one keeps the worker between its chunks (nobody who came earlier
     # waits), then the worker goes to the small requests in the order they came.
-    p = GraderPool(1)
-    await p.start()
-    try:
-        done: list[str] = []
-        large = [([graders["gated"]], SAMPLE)] + [([graders["right"]], SAMPLE)] * 127  # chunks of 64 and 64
-        small = [([graders["right"]], SAMPLE)] * 8
+    done: list[str] = []
+    large = [([graders["gated"]], SAMPLE)] + [([graders["right"]], SAMPLE)] * 127  # chunks of 64 and 64
+    small = [([graders["right"]], SAMPLE)] * 8
+    async with started(GraderPool(1)) as p:
         tasks = []
         for name, work in (("large", large), ("first", small), ("second", small)):
             task = asyncio.ensure_future(p.run_many(work, 30))
@@ -261,8 +276,6 @@ async def test_a_freed_worker_goes_to_the_request_that_waited_longest(
             await _settle()
         (tmp_path / "open").touch()
         results = await asyncio.gather(*tasks)
-    finally:
-        await p.close()
     assert done == ["large", "first", "second"]
     assert results == [[{"gated": GraderOutcome.scored(1.0)}] + [RIGHT] * 127, [RIGHT] * 8, [RIGHT] * 8]
 
@@ -270,9 +283,7 @@ async def test_a_freed_worker_goes_to_the_request_that_waited_longest(
 async def test_a_request_cancelled_while_it_waits_for_a_worker_loses_none(
     graders: dict[str, LocalGrader], tmp_path: Path
 ) -> None:
-    p = GraderPool(1)
-    await p.start()
-    try:
+    async with started(GraderPool(1)) as p:
         busy = asyncio.ensure_future(p.run([graders["gated"]], SAMPLE, 30))
         await _settle()
         waiting = asyncio.ensure_future(p.run([graders["right"]], SAMPLE, 30))
@@ -284,50 +295,33 @@ async def test_a_request_cancelled_while_it_waits_for_a_worker_loses_none(
         assert await busy == {"gated": GraderOutcome.scored(1.0)}
         assert await asyncio.gather(*(p.run([graders["right"]], SAMPLE, 5) for _ in range(3))) == [RIGHT] * 3
         assert p.replaced == 0
-    finally:
-        await p.close()
 
 
 async def test_a_grader_whose_import_outlasts_the_time_limit_is_imported_before_grading(tmp_path: Path) -> None:
     # Imported under a completion's limit, the import would be cut short, and tried (and cut short) again by
     # every completion after it: none would ever be graded.
-    slow = tmp_path / "slow.py"
-    slow.write_text("import time\ntime.sleep(1.5)\n\ndef right(sample):\n    return 1.0\n")
-    grader = LocalGrader("right", f"{slow}:right", {}, 1.0, False)
-    p = GraderPool(1, graders=[grader.ref])
-    await p.start()
-    try:
+    source = "import time\ntime.sleep(1.5)\n\ndef right(sample):\n    return 1.0\n"
+    grader = module_grader(tmp_path / "slow.py", source, "right")
+    async with started(GraderPool(1, graders=[grader.ref])) as p:
         assert await p.run_many([([grader], SAMPLE)] * 2, 0.5) == [RIGHT] * 2
-    finally:
-        await p.close()
 
 
 async def test_a_grader_that_cannot_be_imported_fails_each_completion(tmp_path: Path) -> None:
-    broken = tmp_path / "broken.py"
-    broken.write_text("raise RuntimeError('needs a GPU')\n\ndef right(sample):\n    return 1.0\n")
-    grader = LocalGrader("right", f"{broken}:right", {}, 1.0, False)
-    p = GraderPool(1, graders=[grader.ref])
-    await p.start()  # the worker starts all the same
-    try:
+    source = "raise RuntimeError('needs a GPU')\n\ndef right(sample):\n    return 1.0\n"
+    grader = module_grader(tmp_path / "broken.py", source, "right")
+    async with started(GraderPool(1, graders=[grader.ref])) as p:  # the worker starts all the same
         [outcomes] = await p.run_many([([grader], SAMPLE)], 5)
-    finally:
-        await p.close()
     assert outcomes == {"right": GraderOutcome.failed(FailureKind.ERROR, "RuntimeError: needs a GPU")}
 
 
 async def test_math_verify_is_ready_before_the_first_latex_answer(tmp_path: Path) -> None:
     # math imports math-verify on its first LaTeX answer (0.2 s, and 0.08 s more for its parser): a pool that will
     # grade with math has its workers do that before they grade.
-    probe = tmp_path / "probe.py"
-    probe.write_text("import sys\n\ndef imported(sample):\n    return float('math_verify' in sys.modules)\n")
-    grader = LocalGrader("imported", f"{probe}:imported", {}, 1.0, False)
+    source = "import sys\n\ndef imported(sample):\n    return float('math_verify' in sys.modules)\n"
+    grader = module_grader(tmp_path / "probe.py", source, "imported")
     for refs, expected in (([grader.ref], 0.0), (["builtin:math", grader.ref], 1.0)):
-        p = GraderPool(1, graders=refs)
-        await p.start()
-        try:
+        async with started(GraderPool(1, graders=refs)) as p:
             assert await p.run([grader], SAMPLE, 5) == {"imported": GraderOutcome.scored(expected)}
-        finally:
-            await p.close()
 
 
 async def test_close_stops_every_worker(graders: dict[str, LocalGrader]) -> None:
