@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from proctor.server.grading.base import GradeInput
 from proctor.server.grading.outcome import FailureKind, GraderOutcome
-from proctor.server.grading.pool import GraderPool, GraderPoolError
+from proctor.server.grading.pool import GraderPool, GraderPoolError, Task, TaskOutcomes
 from proctor.server.grading.registry import LocalGrader
 
 pytestmark = pytest.mark.anyio
@@ -106,12 +106,19 @@ def graders(tmp_path: Path) -> dict[str, LocalGrader]:
     }
 
 
-@pytest.fixture
-async def pool() -> GraderPool:
-    p = GraderPool(2)
+@contextlib.asynccontextmanager
+async def started(p: GraderPool) -> AsyncIterator[GraderPool]:
     await p.start()
-    yield p  # type: ignore[misc]
-    await p.close()
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[GraderPool]:
+    async with started(GraderPool(2)) as p:
+        yield p
 
 
 async def wait_for_workers(pool: GraderPool, n: int) -> None:
@@ -243,15 +250,6 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-@contextlib.asynccontextmanager
-async def started(p: GraderPool) -> AsyncIterator[GraderPool]:
-    await p.start()
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
 def module_grader(path: Path, source: str, name: str) -> LocalGrader:
     """The grader ``name`` of a module written to ``path``."""
     path.write_text(source)
@@ -268,11 +266,15 @@ async def test_a_freed_worker_goes_to_the_request_that_waited_longest(
     large = [([graders["gated"]], SAMPLE)] + [([graders["right"]], SAMPLE)] * 127  # chunks of 64 and 64
     small = [([graders["right"]], SAMPLE)] * 8
     async with started(GraderPool(1)) as p:
+
+        async def request(name: str, work: Sequence[Task]) -> list[TaskOutcomes]:
+            results = await p.run_many(work, 30)
+            done.append(name)
+            return results
+
         tasks = []
         for name, work in (("large", large), ("first", small), ("second", small)):
-            task = asyncio.ensure_future(p.run_many(work, 30))
-            task.add_done_callback(lambda _, name=name: done.append(name))
-            tasks.append(task)
+            tasks.append(asyncio.ensure_future(request(name, work)))
             await _settle()
         (tmp_path / "open").touch()
         results = await asyncio.gather(*tasks)
