@@ -42,6 +42,7 @@ from pydantic import SecretStr
 
 from proctor.server.exceptions import ProctorError
 from proctor.server.grading.base import GradeInput, split_think
+from proctor.server.grading.handoff import HandOff
 from proctor.server.grading.outcome import FailureKind, GraderOutcome
 from proctor.server.grading.registry import JudgeGrader
 
@@ -109,12 +110,11 @@ class _Slots:
 
     One pool of ``cap`` connections would do too, but httpx looks at every connection of its pool on each
     request (whether an idle one was closed by the server), which makes a request's cost here grow with the cap.
-    The free slots are a stack: with few requests in flight, the same few connections serve them all."""
+    The free slots are a stack: with few requests in flight, the same few connections serve them all. A freed
+    slot goes to the completion that has waited longest (see :class:`~proctor.server.grading.handoff.HandOff`)."""
 
     def __init__(self, cap: int, ssl_context: Callable[[], ssl.SSLContext]) -> None:
-        self._free: asyncio.LifoQueue[int] = asyncio.LifoQueue()
-        for slot in reversed(range(cap)):
-            self._free.put_nowait(slot)
+        self._free: HandOff[int] = HandOff(reversed(range(cap)))
         self._clients: dict[int, httpx.AsyncClient] = {}
         self._ssl_context = ssl_context
 
@@ -130,7 +130,7 @@ class _Slots:
                 self._clients[slot] = client
             yield client
         finally:
-            self._free.put_nowait(slot)
+            self._free.put(slot)
 
     async def aclose(self) -> None:
         for client in self._clients.values():

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import heapq
 import itertools
 import logging
 import math
@@ -46,6 +45,7 @@ from typing import Any
 
 from proctor.server.exceptions import ProctorError
 from proctor.server.grading.base import GradeInput, Verdict
+from proctor.server.grading.handoff import HandOff
 from proctor.server.grading.outcome import FailureKind, GraderOutcome
 from proctor.server.grading.registry import LocalGrader, load_callable, prepare_grader
 
@@ -203,48 +203,6 @@ class _Worker:
     conn: Connection
 
 
-class _IdleWorkers:
-    """Idle workers, handed to the earliest request that waits for one.
-
-    ``asyncio.Queue`` lets a request that just put a worker back take it again before the waiter it woke runs,
-    and the waiter then queues again at the back: under load some requests waited behind several later ones
-    (a /grade's p99 was three to five times its median). Here a freed worker goes straight to the waiter of the
-    earliest request (then the earliest waiter), and a request keeps a worker between its chunks only while no
-    earlier request waits."""
-
-    def __init__(self) -> None:
-        self._free: list[_Worker] = []
-        self._waiters: list[tuple[int, int, asyncio.Future[_Worker]]] = []
-        self._order = itertools.count()
-
-    def put(self, worker: _Worker) -> None:
-        while self._waiters:
-            _, _, waiter = heapq.heappop(self._waiters)
-            if not waiter.done():
-                waiter.set_result(worker)
-                return
-        self._free.append(worker)
-
-    async def get(self, request: int) -> _Worker:
-        """A worker for ``request`` (lower numbers came first), once no earlier request waits for one."""
-        if self._free:  # nobody waits while a worker is free
-            return self._free.pop()
-        waiter: asyncio.Future[_Worker] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (request, next(self._order), waiter))
-        try:
-            return await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.put(waiter.result())  # handed over as this waiter was cancelled: pass it on
-            raise
-
-    def wanted_before(self, request: int) -> bool:
-        """Whether a request that came before ``request`` waits for a worker."""
-        while self._waiters and self._waiters[0][2].done():  # cancelled waiters
-            heapq.heappop(self._waiters)
-        return bool(self._waiters) and self._waiters[0][0] < request
-
-
 class GraderPool:
     """``await pool.run(graders, sample, timeout_s)`` grades one completion in a worker process."""
 
@@ -262,7 +220,8 @@ class GraderPool:
         self.size = workers
         self._preload = list(preload)
         self._graders = list(dict.fromkeys(graders))
-        self._idle = _IdleWorkers()
+        # A freed worker goes to the earliest request that waits for one (see HandOff).
+        self._idle: HandOff[_Worker] = HandOff()
         self._requests = itertools.count()
         self._all: set[_Worker] = set()
         self._task_s: float | None = None  # seconds a task takes in a worker, a moving average over chunks
