@@ -107,7 +107,6 @@ class Dataserver:
             pool = None
             if settings.grader_workers > 0:
                 pool = GraderPool(settings.grader_workers, graders=local_refs(curriculum.graders))
-            if pool is not None:
                 await pool.start()
         except BaseException:
             if experience is not None:

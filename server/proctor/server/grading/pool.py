@@ -165,11 +165,8 @@ def _worker_main(conn: Connection, preload: Sequence[str], refs: Sequence[str] =
         # Outside any completion's time limit: an import slower than the limit, cut short under it, would be
         # tried again (and cut short again) by every completion. One that fails here fails each completion, as
         # its error.
-        try:
-            _loaded[ref] = load_callable(ref)
-            prepare_grader(ref)
-        except Exception:
-            _loaded.pop(ref, None)
+        with contextlib.suppress(Exception):
+            _loaded[ref] = prepare_grader(ref)
     conn.send("ready")
     while True:
         try:
@@ -219,7 +216,7 @@ class GraderPool:
             raise ValueError(f"a grader pool needs at least 1 worker, got {workers}")
         self.size = workers
         self._preload = list(preload)
-        self._graders = list(dict.fromkeys(graders))
+        self._graders = list(graders)
         # A freed worker goes to the earliest request that waits for one (see HandOff).
         self._idle: HandOff[_Worker] = HandOff()
         self._requests = itertools.count()
@@ -305,7 +302,7 @@ class GraderPool:
                     # While it grades, the worker is _run_chunk's: one that fails, or is cancelled, is replaced.
                     busy, worker = worker, None
                     done, failure = await self._run_chunk(busy, [tasks[i] for i in chunk], timeout_s)
-                    if failure is None and len(done) == len(chunk):
+                    if busy in self._all:  # not replaced: _run_chunk keeps a worker that answered the whole chunk
                         if self._idle.wanted_before(request):
                             self._idle.put(busy)
                         else:

@@ -137,17 +137,18 @@ def load_callable(ref: str) -> GraderFn:
     return cast(GraderFn, fn)
 
 
-def prepare_grader(ref: str) -> None:
-    """Import the grader ``ref`` names, and build what a built-in one builds on its first call (math-verify's
-    parser, for ``math``): a grader process does this before it grades, so that no completion's time limit
-    pays for an import."""
-    load_callable(ref)
+def prepare_grader(ref: str) -> GraderFn:
+    """The grader ``ref`` names, imported, with what a built-in one builds on its first call built ahead
+    (math-verify's parser, for ``math``): a grader process does this before it grades, so that no completion's
+    time limit pays for an import."""
+    fn = load_callable(ref)
     if ref.startswith(BUILTIN_PREFIX):
         from proctor.server.grading.builtin import PREPARE
 
         prepare = PREPARE.get(ref.removeprefix(BUILTIN_PREFIX))
         if prepare is not None:
             prepare()
+    return fn
 
 
 def resolve_graders(
