@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from proctor.server.grading import builtin
@@ -15,3 +17,9 @@ def cold_reference_cache() -> None:
     depend on whether an earlier test happened to grade against the same one. The bench clears it the same way.
     """
     builtin._parsed_reference.cache_clear()
+
+
+async def settle() -> None:
+    """Let the tasks started so far run until they wait (for an item, or an answer from another process)."""
+    for _ in range(10):
+        await asyncio.sleep(0)

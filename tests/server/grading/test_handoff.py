@@ -7,14 +7,9 @@ import asyncio
 import pytest
 
 from proctor.server.grading.handoff import HandOff
+from tests.server.grading.conftest import settle
 
 pytestmark = pytest.mark.anyio
-
-
-async def _settle() -> None:
-    """Let the tasks started so far run until they wait."""
-    for _ in range(5):
-        await asyncio.sleep(0)
 
 
 async def test_a_freed_item_goes_to_the_first_waiter_not_to_one_that_asks_as_it_is_freed() -> None:
@@ -23,10 +18,10 @@ async def test_a_freed_item_goes_to_the_first_waiter_not_to_one_that_asks_as_it_
     lent = HandOff(["x"])
     item = await lent.get()
     waiting = asyncio.ensure_future(lent.get())
-    await _settle()
+    await settle()
     newcomer = asyncio.ensure_future(lent.get())
     lent.put(item)
-    await _settle()
+    await settle()
     assert waiting.done() and waiting.result() == "x"
     assert not newcomer.done()
     lent.put(waiting.result())
@@ -45,7 +40,7 @@ async def test_waiters_are_served_by_priority_then_in_the_order_they_asked() -> 
     tasks = []
     for name, priority in (("late", 5), ("early", 1), ("late-again", 5), ("earliest", 0)):
         tasks.append(asyncio.ensure_future(wait(name, priority)))
-        await _settle()
+        await settle()
     assert lent.wanted_before(1) and not lent.wanted_before(0)
     lent.put(item)
     await asyncio.gather(*tasks)
@@ -66,7 +61,7 @@ async def test_a_waiter_cancelled_before_it_runs_passes_its_item_on() -> None:
     item = await lent.get()
     first = asyncio.ensure_future(lent.get())
     second = asyncio.ensure_future(lent.get())
-    await _settle()
+    await settle()
     lent.put(item)  # handed to first, which is cancelled before it takes it
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -79,9 +74,9 @@ async def test_a_waiter_cancelled_while_it_waits_is_skipped() -> None:
     item = await lent.get()
     gone = asyncio.ensure_future(lent.get(0))
     kept = asyncio.ensure_future(lent.get(1))
-    await _settle()
+    await settle()
     gone.cancel()
-    await _settle()
+    await settle()
     assert lent.wanted_before(2) and not lent.wanted_before(1)
     lent.put(item)
     assert await kept == "x"

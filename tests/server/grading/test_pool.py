@@ -14,6 +14,7 @@ from proctor.server.grading.base import GradeInput
 from proctor.server.grading.outcome import FailureKind, GraderOutcome
 from proctor.server.grading.pool import GraderPool, GraderPoolError, Task, TaskOutcomes
 from proctor.server.grading.registry import LocalGrader
+from tests.server.grading.conftest import settle
 
 pytestmark = pytest.mark.anyio
 
@@ -244,12 +245,6 @@ async def test_a_cancelled_task_does_not_poison_the_pool(pool: GraderPool, grade
     assert results == [RIGHT] * 4
 
 
-async def _settle() -> None:
-    """Let the tasks started so far run until they wait (for a worker, or a worker's answer)."""
-    for _ in range(10):
-        await asyncio.sleep(0)
-
-
 def module_grader(path: Path, source: str, name: str) -> LocalGrader:
     """The grader ``name`` of a module written to ``path``."""
     path.write_text(source)
@@ -275,7 +270,7 @@ async def test_a_freed_worker_goes_to_the_request_that_waited_longest(
         tasks = []
         for name, work in (("large", large), ("first", small), ("second", small)):
             tasks.append(asyncio.ensure_future(request(name, work)))
-            await _settle()
+            await settle()
         (tmp_path / "open").touch()
         results = await asyncio.gather(*tasks)
     assert done == ["large", "first", "second"]
@@ -287,9 +282,9 @@ async def test_a_request_cancelled_while_it_waits_for_a_worker_loses_none(
 ) -> None:
     async with started(GraderPool(1)) as p:
         busy = asyncio.ensure_future(p.run([graders["gated"]], SAMPLE, 30))
-        await _settle()
+        await settle()
         waiting = asyncio.ensure_future(p.run([graders["right"]], SAMPLE, 30))
-        await _settle()
+        await settle()
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
