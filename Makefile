@@ -93,7 +93,7 @@ format: $(VENV)/.dev-installed
 	$(BIN)/ruff check --fix server client curricula cli tests bench
 
 typecheck: $(VENV)/.dev-installed
-	$(BIN)/mypy -p proctor.server -p proctor.client -p proctor.experience -p proctor.batching -p proctor.errors -p proctor.wire -p proctor.cli -p bench
+	$(BIN)/mypy -p proctor.server -p proctor.client -p proctor.experience -p proctor.batching -p proctor.errors -p proctor.wire -p proctor.cli -p bench -p tests
 
 # The documentation site (mkdocs.yml, docs/) into build/site; strict: a broken link or anchor fails it.
 # NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2, which says nothing about these pages.

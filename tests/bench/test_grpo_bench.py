@@ -10,7 +10,7 @@ import datasets
 import pytest
 import torch
 from transformers import AutoTokenizer, PrinterCallback
-from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
+from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]  # trl's __init__ does not re-export them
 
 from bench import grpo_gpu
 from bench.grpo_step import ForceLengths, bench_trainer, deal, long_tail_lengths, phase_summary, spread
@@ -45,6 +45,7 @@ def test_force_lengths_ends_each_row_at_its_target_and_samples_inside_the_tokeni
         scores = torch.randn(len(targets), 64, generator=generator)
         scores[:, eos] = 10.0  # a model eager to stop
         scores[:, limit:] = 20.0  # and to say ids the tokenizer does not have
+        assert isinstance(ids, torch.LongTensor)  # the type a logits processor's input_ids have
         chosen = force(ids, scores).argmax(1)
         ids = torch.cat([ids, chosen[:, None]], 1)
 

@@ -35,29 +35,24 @@ from proctor.wire.dataserver import (
 
 BASE = "http://proctor.test"
 
-SAMPLES = {
-    "samples": [
-        {
-            "sample_id": "add:0123456789:0",
-            "slot": 0,
-            "dataset_id": "add",
-            "prompt": "1 + 1 = ?",
-            "metadata": {"answer": "2"},
-        },
-        {
-            "sample_id": "add:0123456789:1",
-            "slot": 1,
-            "dataset_id": "add",
-            "system_prompt": "Be brief.",
-            "prompt": "2 + 2 = ?",
-        },
-    ],
-    "stage": "warm",
-    "stage_index": 0,
-    "iteration": 3,
-    "batch_size": 2,
-}
-SHARD = {**SAMPLES, "samples": SAMPLES["samples"][:1], "rank": 0, "world_size": 2}
+SAMPLE_ITEMS = [
+    {
+        "sample_id": "add:0123456789:0",
+        "slot": 0,
+        "dataset_id": "add",
+        "prompt": "1 + 1 = ?",
+        "metadata": {"answer": "2"},
+    },
+    {
+        "sample_id": "add:0123456789:1",
+        "slot": 1,
+        "dataset_id": "add",
+        "system_prompt": "Be brief.",
+        "prompt": "2 + 2 = ?",
+    },
+]
+SAMPLES = {"samples": SAMPLE_ITEMS, "stage": "warm", "stage_index": 0, "iteration": 3, "batch_size": 2}
+SHARD = {**SAMPLES, "samples": SAMPLE_ITEMS[:1], "rank": 0, "world_size": 2}
 GRADES = {
     "results": [
         {"sample_id": "add:0123456789:0", "completion_index": 0, "reward": 1.0, "components": {"numeric": 1.0}},
@@ -513,6 +508,7 @@ def test_other_4xx_are_raised_at_once(
 
 
 def test_the_exception_tree() -> None:
+    cls: type[DataserverError]
     for cls in (Unauthorized, Conflict):
         assert issubclass(cls, RequestRejected)
     for cls in (RequestRejected, ServerFailure):

@@ -229,7 +229,7 @@ class Config(NamedTuple):
 class Row(NamedTuple):
     """One index the sampler yields, with what the replay knows about it."""
 
-    index: int
+    dataset_index: int  # not `index`, which would hide tuple.index
     chunk: int  # which chunk of the sampler (= generation step)
     slot: int  # position of the index in its chunk
     member: int  # the how-many-th consecutive copy of the index within one repetition of the chunk (0..G-1)
@@ -295,7 +295,7 @@ def test_the_layout_matches_what_trl_feeds_each_process(config: Config) -> None:
 
     seen: Counter[tuple[int, int]] = Counter()
     for number, round_ in enumerate(rounds):
-        located = [layouts[r].locate(row.index) for r, batch in enumerate(round_) for row in batch]
+        located = [layouts[r].locate(row.dataset_index) for r, batch in enumerate(round_) for row in batch]
         # locate() agrees with the sampler about every index...
         assert located == [(row.chunk, row.slot) for batch in round_ for row in batch]
         # ...and every process is in the same generation step during a round, the step of this round.
@@ -331,9 +331,9 @@ def test_the_replayed_sharding_matches_accelerate(config: Config) -> None:
     data_loader = pytest.importorskip("accelerate.data_loader")
     torch_data = pytest.importorskip("torch.utils.data")
     batches = loader_batches(config)
-    stream = [row.index for batch in batches for row in batch]
+    stream = [row.dataset_index for batch in batches for row in batch]
     # What Trainer builds from DataLoader(batch_size=B·S, sampler=RepeatSampler) and accelerate then shards.
     sampler = torch_data.BatchSampler(stream, batch_size=config.b * config.s, drop_last=False)
     for r in range(config.p):
         shard = data_loader.BatchSamplerShard(sampler, num_processes=config.p, process_index=r, split_batches=False)
-        assert list(shard) == [[row.index for row in batch] for batch in batches[r :: config.p]]
+        assert list(shard) == [[row.dataset_index for row in batch] for batch in batches[r :: config.p]]

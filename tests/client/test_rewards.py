@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 import pytest
@@ -187,8 +187,34 @@ def test_a_grading_error_is_never_an_invented_reward(
     assert ("proctor/grading_errors", 1.0) in metrics
 
 
+class StepKeys(TypedDict):
+    """The columns a reward function gets from the dataset's rows, naming each completion's row of the step."""
+
+    sample_id: list[str]
+    slot: list[int]
+    completion_index: list[int]
+    iteration: list[int]
+
+
+class Columns(StepKeys):
+    """The columns of a generation batch, as TRL passes them to a reward function."""
+
+    prompts: list[str]
+    completions: list[str]
+
+
+def step_keys(rows: Sequence[Mapping[str, Any]]) -> StepKeys:
+    """The step keys of a batch of the dataset's rows, one a completion."""
+    return StepKeys(
+        sample_id=[r["sample_id"] for r in rows],
+        slot=[r["slot"] for r in rows],
+        completion_index=[r["completion_index"] for r in rows],
+        iteration=[r["iteration"] for r in rows],
+    )
+
+
 # The columns of a generation batch of one completion.
-ONE_ROW: dict[str, list[Any]] = {
+ONE_ROW: Columns = {
     "prompts": ["p"],
     "completions": ["a"],
     "sample_id": ["s:0123456789:1"],
@@ -224,13 +250,13 @@ def test_needs_the_dataset_columns() -> None:
     with pytest.raises(TypeError, match=r"train on a proctor\.client\.RemoteRLDataset"):
         remote_reward(client)(prompts=["p"], completions=["a"])
     with pytest.raises(ValueError, match="on_error must be 'skip' or 'server'"):
-        remote_reward(client, on_error="zero")  # type: ignore[arg-type]
+        remote_reward(client, on_error="zero")  # type: ignore[call-overload]
     with pytest.raises(
         ValueError, match=r"^remote_reward\(through='store'\) needs dataset=, the run's RemoteRLDataset"
     ):
         remote_reward(client, through="store")
     with pytest.raises(ValueError, match="through must be 'store' or 'grade', got 'post'"):
-        remote_reward(client, through="post")  # type: ignore[arg-type]
+        remote_reward(client, through="post")  # type: ignore[call-overload]
     with pytest.raises(ValueError, match="timeout_s must be positive, got 0"):
         remote_reward(client, timeout_s=0)
 
@@ -244,7 +270,7 @@ def test_with_the_dataset_the_next_prompts_are_fetched_while_grading(client: Pro
     reward(
         prompts=[r["prompt"] for r in rows],
         completions=["1", "2", "3", "4"],
-        **{k: [r[k] for r in rows] for k in ("sample_id", "slot", "completion_index", "iteration")},
+        **step_keys(rows),
     )
     ds.fetcher._pool.submit(lambda: None).result()  # the prefetch thread has run what was queued
     assert ds.requested == [0, 1, 2]
@@ -256,7 +282,7 @@ def test_a_step_generated_again_after_a_resume_is_graded_beside_the_first_attemp
 
     ds = dataset(client)
     rows = ds.__getitems__([0, 0, 1, 1])
-    keys = {k: [r[k] for r in rows] for k in ("sample_id", "slot", "completion_index", "iteration")}
+    keys = step_keys(rows)
     answers = [str(eval(r["metadata"]["expression"])) for r in rows]
     # The first attempt, then the step generated again with other completions by a resumed run (a new
     # reward function, as in a new process): both are graded, neither refuses the other.
@@ -281,7 +307,7 @@ def test_a_step_whose_table_the_store_no_longer_keeps_is_graded_through_grade(
         rows = ds.__getitems__([0, 0, 1, 1])
         client.sample(1, 2)  # the store keeps one step: step 1's table drops step 0's
         answers = [str(eval(r["metadata"]["expression"])) for r in rows]
-        keys = {k: [r[k] for r in rows] for k in ("sample_id", "slot", "completion_index", "iteration")}
+        keys = step_keys(rows)
         rewards = remote_reward(client, dataset=ds)(prompts=["p"] * 4, completions=answers, **keys)
         ds.close()
     assert rewards == [1.0] * 4

@@ -11,7 +11,7 @@ import datasets
 import pytest
 import torch
 from transformers import AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]  # trl's __init__ does not re-export them
 
 from proctor.client.tiny import run_defaults
 from proctor.client.training.trainer import BatchingLog, ProctorGRPOConfig, ProctorGRPOTrainer
@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 WORDS = "what is one two three four five add sum plus the answer".split()
 
 
-def config(tmp_path: Path, cls: type[GRPOConfig] = ProctorGRPOConfig, **overrides: Any) -> Any:
+def config(tmp_path: Path, cls: type[GRPOConfig] = ProctorGRPOConfig, /, **overrides: Any) -> Any:
     values: dict[str, Any] = {
         **run_defaults(tmp_path / "run"),
         "per_device_train_batch_size": 4,
@@ -39,7 +39,7 @@ def prompts(n: int) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"prompt": rows})
 
 
-def length_reward(completions: list[str], **_: Any) -> list[float]:
+def length_reward(completions: list[str], **_: Any) -> list[float | None]:
     return [min(1.0, len(c) / 20) for c in completions]
 
 
@@ -225,7 +225,7 @@ def test_the_packed_training_pass_gives_stock_values_and_gradients(tiny_model: P
 
 
 def test_a_plain_grpo_config_keeps_stock_behaviour(tiny_model: Path, tmp_path: Path) -> None:
-    t = trainer(tiny_model, config(tmp_path, cls=GRPOConfig))
+    t = trainer(tiny_model, config(tmp_path, GRPOConfig))
     ids, mask, keep = batch(tiny_model)
     with torch.no_grad():
         expected, _, _ = stock(t, t.model, ids, mask, keep, batch_size=4)
@@ -240,7 +240,7 @@ def test_a_plain_grpo_config_keeps_stock_behaviour(tiny_model: Path, tmp_path: P
 def test_chunked_generation_gives_stock_completions(tiny_model: Path, tmp_path: Path) -> None:
     greedy = {"generation_kwargs": {"do_sample": False}}
     chunked = trainer(tiny_model, config(tmp_path, rollout_micro_batch_size=3, **greedy))
-    plain = trainer(tiny_model, config(tmp_path, cls=GRPOConfig, **greedy))
+    plain = trainer(tiny_model, config(tmp_path, GRPOConfig, **greedy))
     tok = AutoTokenizer.from_pretrained(tiny_model)
     prompt_ids = [tok(text)["input_ids"] for text in prompts(8)["prompt"]]
     got, _ = chunked._generate_single_turn(prompt_ids, None, {}, 1)

@@ -10,7 +10,7 @@ from typing import Any
 import datasets
 import pytest
 from transformers import AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]  # trl's __init__ does not re-export them
 
 from proctor.client.tiny import run_defaults
 from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer

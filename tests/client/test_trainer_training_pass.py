@@ -11,7 +11,7 @@ import datasets
 import pytest
 import torch
 from transformers import AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]  # trl's __init__ does not re-export them
 
 from proctor.batching.dynamic import plan_dynamic_batches
 from proctor.client.tiny import run_defaults
@@ -21,6 +21,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 BUDGET = 24
+
+
+def zero_reward(completions: list[str], **_: Any) -> list[float | None]:
+    return [0.0] * len(completions)
 
 
 def make(tiny_model: Path, tmp_path: Path, cls: type[GRPOConfig], trainer_cls: type[GRPOTrainer], **kw: Any) -> Any:
@@ -34,7 +38,7 @@ def make(tiny_model: Path, tmp_path: Path, cls: type[GRPOConfig], trainer_cls: t
     args = cls(**{**values, **kw})
     return trainer_cls(
         model=str(tiny_model),
-        reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        reward_funcs=zero_reward,
         args=args,
         train_dataset=datasets.Dataset.from_dict({"prompt": ["what is"] * 8}),
         processing_class=AutoTokenizer.from_pretrained(tiny_model),

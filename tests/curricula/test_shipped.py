@@ -55,9 +55,9 @@ def test_every_stage_mix_has_positive_weights(name: str) -> None:
     for stage in cur.spec.stages:
         assert stage.mix
         assert all(entry.weight > 0 for entry in stage.mix), stage.name
-    for stage in cur.stages:
-        assert all(w > 0 for _, w in stage.mix), stage.name
-        assert math.fsum(w for _, w in stage.mix) == pytest.approx(1.0)
+    for loaded in cur.stages:
+        assert all(w > 0 for _, w in loaded.mix), loaded.name
+        assert math.fsum(w for _, w in loaded.mix) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

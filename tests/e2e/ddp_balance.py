@@ -19,7 +19,7 @@ import datasets
 import torch
 import torch.distributed
 from transformers import AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]  # trl's __init__ does not re-export them
 
 from proctor.client.tiny import run_defaults
 from proctor.client.training.trainer import ProctorGRPOConfig, ProctorGRPOTrainer

@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import torch.distributed
 from transformers import AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]  # trl's __init__ does not re-export them
 
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
 from proctor.client.tiny import run_defaults

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,11 @@ def post_step(url: str, step: int, gate: Path) -> list[str]:
 
 def grading(url: str, step: int) -> dict[str, Any]:
     return httpx.get(f"{url}/experience/consumers/{GRADER.name}/tables/{step}").json()  # type: ignore[no-any-return]
+
+
+def all_consumed(url: str, step: int) -> bool:
+    """Whether the grader role consumed every row of the step's table."""
+    return bool(grading(url, step)["all_consumed"])
 
 
 def counted(url: str) -> int:
@@ -370,7 +376,7 @@ def test_workers_reconnect_and_finish_after_a_server_restart(
     time.sleep(1.0)  # the workers find no server for a while
     server.start()
     for step in steps:
-        eventually(lambda step=step: grading(url, step)["all_consumed"], f"step {step} is graded after the restart")
+        eventually(partial(all_consumed, url, step), f"step {step} is graded after the restart")
         assert rewards(url, step) == [float(len(t)) for t in texts[step]]
     assert counted(url) == len(steps) * SLOTS * GROUP
     exited = [w.output() for w in pool if w.proc.poll() is not None]

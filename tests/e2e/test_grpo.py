@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 from transformers import AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]  # trl's __init__ does not re-export them
 
 from proctor.cli.launcher import ServerProcess
 from proctor.client import ProctorClient, RemoteRLDataset
@@ -115,6 +115,7 @@ def train(
         processing_class=tokenizer,
         callbacks=callbacks or [],
     )
+    assert trainer.model is not None
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     changed = any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
@@ -183,7 +184,7 @@ def test_grpo_against_the_dataserver(
     assert [samples[i]["stage"] for i in range(STEPS)] == ["easy", "easy", "hard", "hard"]
 
 
-class KillAndRestart(TrainerCallback):  # type: ignore[misc]
+class KillAndRestart(TrainerCallback):
     """After the first optimizer step, kill -9 the server and bring it back on the same port a second later."""
 
     def __init__(self, server: ServerProcess) -> None:

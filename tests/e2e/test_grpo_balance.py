@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 import torch
@@ -17,8 +18,15 @@ pytestmark = pytest.mark.e2e
 VARIANTS = ["grpo-stock", "grpo-unbalanced", "grpo-balanced", "dapo-stock", "dapo-balanced"]
 
 
+class Run(TypedDict):
+    """What ddp_balance.py saves of a variant: the gradients after the step, and the batching metrics logged."""
+
+    grads: dict[str, torch.Tensor]
+    logs: dict[str, float]
+
+
 @pytest.fixture(scope="module")
-def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, dict[str, object]]]:
+def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     out = tmp_path_factory.mktemp("balance")
     script = Path(__file__).with_name("ddp_balance.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -40,16 +48,14 @@ def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
 @pytest.mark.parametrize(("variant", "reference"), [
     ("grpo-balanced", "grpo-stock"), ("grpo-unbalanced", "grpo-stock"), ("dapo-balanced", "dapo-stock"),
 ])  # fmt: skip
-def test_the_gradients_equal_the_unbalanced_run(
-    runs: dict[str, dict[str, dict[str, object]]], variant: str, reference: str
-) -> None:
+def test_the_gradients_equal_the_unbalanced_run(runs: dict[str, Run], variant: str, reference: str) -> None:
     grads, expected = runs[variant]["grads"], runs[reference]["grads"]
-    assert largest_difference(grads, expected) <= 1e-5  # type: ignore[arg-type]
-    assert max(g.abs().max().item() for g in expected.values()) > 1e-3  # type: ignore[union-attr]
+    assert largest_difference(grads, expected) <= 1e-5
+    assert max(g.abs().max().item() for g in expected.values()) > 1e-3
 
 
-def test_the_heaviest_process_carries_fewer_tokens(runs: dict[str, dict[str, dict[str, object]]]) -> None:
+def test_the_heaviest_process_carries_fewer_tokens(runs: dict[str, Run]) -> None:
     logs = runs["grpo-balanced"]["logs"]
     balanced, unbalanced = logs["batching/heaviest_rank_tokens"], logs["batching/heaviest_rank_tokens_unbalanced"]
     # The trainer logs both per step (86 tokens unbalanced, 67 balanced when this was written).
-    assert balanced < unbalanced, f"heaviest process: {unbalanced} tokens unbalanced, {balanced} balanced"  # type: ignore[operator]
+    assert balanced < unbalanced, f"heaviest process: {unbalanced} tokens unbalanced, {balanced} balanced"

@@ -156,7 +156,7 @@ def test_a_judge_that_hangs_gives_timeout_verdicts(
         graded: list[list[dict[str, Any]]] = []
         grading = threading.Thread(target=lambda: graded.append(grade(server, 6)))
         grading.start()
-        health = []
+        health: list[int] = []
         while grading.is_alive() and len(health) < 10_000:
             health.append(httpx.get(server.url + "/healthz", timeout=5).status_code)
             time.sleep(0.05)

@@ -183,7 +183,7 @@ def test_the_readmes_trl_script_trains(
         "max_completion_length": 8,
         "max_steps": 2,
     }
-    real = trl.GRPOConfig
+    real = trl.GRPOConfig  # type: ignore[attr-defined]  # trl's __init__ does not re-export them
     monkeypatch.setattr(trl, "GRPOConfig", lambda **values: real(**{**values, **sizes}))
     with live_server() as url:
         script = script.replace('"Qwen/Qwen2.5-0.5B-Instruct"', repr(str(tiny_model)))

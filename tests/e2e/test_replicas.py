@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ def test_replicas_answer_alike_and_a_standby_takes_over_from_a_killed_server(
     first.kill()
     # A standby takes over: it serves the run the killed one left, from the database.
     for u in urls[1:]:
-        again = until_served(lambda u=u: httpx.post(u + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30))
+        again = until_served(partial(httpx.post, u + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30))
         assert again.text == batches[0].text
     regraded = httpx.post(urls[1] + "/grade", json={"iteration": 0, "items": items}, timeout=30).json()
     assert [r["reward"] for r in regraded["results"]] == rewards[0]
@@ -115,9 +116,7 @@ def test_a_serving_server_whose_connection_ends_stops_serving_without_a_request(
         assert time.monotonic() < deadline, first.log.read_text()[-3000:]
         time.sleep(0.1)
     for url in (first.url, standby.url):
-        again = until_served(
-            lambda url=url: httpx.post(url + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30)
-        )
+        again = until_served(partial(httpx.post, url + "/sample", json={"iteration": 0, "batch_size": 4}, timeout=30))
         assert again.text == batch
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 from transformers import AutoTokenizer
-from trl import GRPOConfig
+from trl import GRPOConfig  # type: ignore[attr-defined]  # trl's __init__ does not re-export them
 
 from proctor.client import ProctorClient, RemoteRLDataset, remote_reward
 from proctor.client.tiny import run_defaults
@@ -83,7 +83,8 @@ def normalize_then_sum(scores: np.ndarray, weights: list[float], group: int) -> 
     grouped = scores.reshape(-1, group, scores.shape[1])
     normalised = (grouped - grouped.mean(1, keepdims=True)) / (grouped.std(1, ddof=1, keepdims=True) + 1e-4)
     summed = (normalised.reshape(-1, scores.shape[1]) * np.array(weights)).sum(1)
-    return (summed - summed.mean()) / (summed.std(ddof=1) + 1e-4)
+    advantages: np.ndarray = (summed - summed.mean()) / (summed.std(ddof=1) + 1e-4)
+    return advantages
 
 
 @pytest.mark.parametrize("through", ["grade", "store"])

@@ -698,7 +698,7 @@ def test_collect_many_collects_each_lease_and_answers_a_refused_one_in_its_place
     unknown = "0123456789abcdef0123456789abcdef"
     results = [
         (late.lease, {"score": [9.0, 9.0]}),
-        *((d.lease or "", {"score": [float(d.iteration), 1.0]}) for d in held),
+        *((d.lease or "", {"score": [float(iteration), 1.0]}) for iteration, d in enumerate(held)),
         (unknown, {"score": [1.0]}),
     ]
     outcomes = experience.collect_many("scorer", results)

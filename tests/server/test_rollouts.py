@@ -99,7 +99,7 @@ def test_a_write_with_read_answers_the_grader_roles_rewards_of_its_rows(live_ser
         experience.open(0, slots=SLOTS, group_size=GROUP)
         answers = experience.read(0, ROWS, ["reference"])["reference"]
         texts = [str(r["answer"]) if k == 0 else "no idea" for (_, k), r in zip(ROWS, answers, strict=True)]
-        columns = {"completion": texts, "completion_tokens": [3] * len(ROWS)}
+        columns: dict[str, list[str] | list[int]] = {"completion": texts, "completion_tokens": [3] * len(ROWS)}
         got = experience.put_and_read(0, ROWS, columns, ["reward", "reward_detail"], wait_s=30)
         assert got["reward"] == [1.0 if k == 0 else 0.0 for _, k in ROWS]
         assert got["reward_detail"][0] == {"components": {"numeric": 1.0}, "error": None}

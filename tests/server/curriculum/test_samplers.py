@@ -210,7 +210,7 @@ def test_learnability_draws_in_proportion_to_the_weights(write_curriculum: Write
     sampler = run.adaptive.sampler(0)
     assert isinstance(sampler, LearnabilitySampler)
     weights = sampler.weights("s0").astype(float)
-    firsts = Counter()
+    firsts: Counter[int] = Counter()
     for iteration in range(4000):
         fresh = Run(cur, run.snapshot().items, SamplerState())
         firsts[fresh.draw(iteration, 1)[0][1]] += 1
@@ -279,6 +279,11 @@ def test_target_difficulty_serves_records_near_the_target(write_curriculum: Writ
     assert levels == [0] * 10  # level 0 of 0..6 is difficulty 0.0: ten records there, served first
 
 
+def every_stage(feedback: StageFeedback) -> Callable[[int], StageFeedback]:
+    """The ``feedback(stage)`` that :meth:`AdaptiveSampling.prepare` reads: ``feedback``, whatever the stage."""
+    return lambda stage: feedback
+
+
 @pytest.mark.parametrize("difficulty", ["pass_rate", "record"])
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(history=grades, rewards=st.lists(st.floats(0, 1), min_size=8, max_size=8))
@@ -300,16 +305,17 @@ def test_preparing_the_next_target_after_grades_changes_no_draw(
         assert isinstance(sampler, TargetDifficultySampler)
         # As the grading path does: the feedback the next iteration reads, prepared for now.
         next_feedback = StageFeedback(rewards[(iteration + 1) % len(rewards)], 10 * (iteration + 2))
-        eager.adaptive.prepare(lambda stage, f=next_feedback: f)
+        eager.adaptive.prepare(every_stage(next_feedback))
         if iteration % 3 == 0:  # and sometimes grades arrive after the preparation
             for run in (eager, lazy):
                 run.grade("s1", iteration % 30, 2, 1)
     last = StageFeedback(rewards[0], 10 * (len(rewards) + 1))  # the iteration the last preparation was for
     assert eager.draw(len(rewards), 6, last) == lazy.draw(len(rewards), 6, last)
     for source in ("s0", "s1"):
-        lazy_sampler = lazy.adaptive.sampler(0)
+        eager_sampler, lazy_sampler = eager.adaptive.sampler(0), lazy.adaptive.sampler(0)
+        assert isinstance(eager_sampler, TargetDifficultySampler)
         assert isinstance(lazy_sampler, TargetDifficultySampler)
-        assert sampler.weights(source).tolist() == lazy_sampler.weights(source).tolist()
+        assert eager_sampler.weights(source).tolist() == lazy_sampler.weights(source).tolist()
 
 
 def test_target_difficulty_weights_are_the_same_for_every_record_at_once_or_one_by_one(

@@ -629,7 +629,7 @@ def test_custom_graders_parse() -> None:
 def test_spec_is_frozen() -> None:
     spec = parse_spec(base_doc())
     with pytest.raises(Exception, match="frozen"):
-        spec.name = "other"  # type: ignore[misc]
+        spec.name = "other"
 
 
 def test_parse_does_not_mutate_its_input() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.anyio
 
-PROTECTED = [
+PROTECTED: list[tuple[str, str, dict[str, object] | None]] = [
     ("GET", "/meta", None),
     ("GET", "/curriculum", None),
     ("GET", "/metrics", None),

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +210,7 @@ def test_making_records_leaves_the_processs_random_state_and_timers_alone() -> N
     seeds = (random.Random.seed, np.random.default_rng)
     random.seed(9)
     np.random.seed(9)
-    state, np_state = random.getstate(), np.random.get_state()
+    state, np_state = random.getstate(), np.random.get_state(legacy=True)
     previous = signal.setitimer(signal.ITIMER_REAL, 600)  # pytest-timeout's, if it runs with signals
     try:
         src = make(size=20)
@@ -220,10 +221,11 @@ def test_making_records_leaves_the_processs_random_state_and_timers_alone() -> N
     finally:
         signal.setitimer(signal.ITIMER_REAL, *previous)
     assert random.getstate() == state
-    after = np.random.get_state()
+    after = np.random.get_state(legacy=True)
+    assert isinstance(after, tuple) and isinstance(np_state, tuple)  # legacy=True: the MT19937 tuple
     assert after[0] == np_state[0] and np.array_equal(after[1], np_state[1]) and after[2:] == np_state[2:]
     assert (random.Random.seed, np.random.default_rng) == seeds
-    assert random.seed.__self__ is random._inst
+    assert isinstance(random.seed, types.MethodType) and random.seed.__self__ is random._inst
 
 
 def test_a_generator_process_that_died_is_started_again_and_makes_the_same_records() -> None:
