@@ -25,7 +25,8 @@ from proctor.server.middleware import (
     RequestMetricsMiddleware,
 )
 from proctor.server.openapi import complete_openapi
-from proctor.server.routes import curriculum, experience, grade, ops, page, peers, refill, sample
+from proctor.server.routes import curriculum, experience, grade, ops, page, peers, refill, replica, sample
+from proctor.server.services.standby_grading import Serving, StandbyGrading
 from proctor.server.settings import Settings
 from proctor.server.store import Standby, redacted
 
@@ -54,13 +55,22 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
     def standby() -> Standby:
         return Standby(path, curriculum=cur.name, curriculum_hash=cur.hash, seed=cur.seed)
 
+    async def standby_grading(serving: Serving) -> StandbyGrading:
+        return await StandbyGrading.start(cur, settings, metrics, path, serving)
+
+    # A standby grades the /grade requests it can place on grader processes of its own; without local grader
+    # processes (PROCTOR_GRADER_WORKERS=0) grade-workers grade for the serving server, and /grade goes there.
+    postgresql = is_postgresql(path)
+    grades_standing_by = postgresql and settings.grader_workers > 0
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         handle = await DataserverHandle.start(
             lambda: Dataserver.open(cur, settings, metrics),
             retry_s=_REOPEN_EVERY_S,
-            standby=standby if is_postgresql(path) else None,
+            standby=standby if postgresql else None,
             metrics=metrics,
+            grading=standby_grading if grades_standing_by else None,
         )
         # Everything allocated so far lives as long as the server: keep it out of the collector's full
         # passes, which otherwise walk it on every gen-2 collection and show up as latency spikes.
@@ -111,6 +121,7 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
     app.include_router(grade.router, responses=keyed)
     app.include_router(peers.router, responses=keyed)
     app.include_router(experience.router, responses=keyed)
+    app.include_router(replica.router)
     # The live page at `/`: static files, open like the health route (the page sends the key for its data).
     app.include_router(page.router)
     open_paths = ops.OPEN_PATHS | page.OPEN_PATHS

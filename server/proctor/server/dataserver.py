@@ -34,7 +34,7 @@ from proctor.server.services import views
 from proctor.server.services.context import ServingContext
 from proctor.server.services.experience import AsyncExperienceStore
 from proctor.server.services.grader_role import GraderRole
-from proctor.server.services.grading import GradingService
+from proctor.server.services.grading import GradingContext, GradingService
 from proctor.server.services.history import adopt_history, read_history
 from proctor.server.services.ledger import GradeLedger
 from proctor.server.services.refills import RefillService
@@ -59,6 +59,9 @@ class Dataserver:
     ) -> None:
         self.ctx = ctx
         self.experience = experience
+        self.peer_token: str | None = None
+        """What a standby of this server's PostgreSQL database sends with the completions it graded (None on
+        SQLite, which has no standbys)."""
         self._pool = pool
         self._http = http
         self.sampling = SamplingService(ctx)
@@ -69,7 +72,8 @@ class Dataserver:
         judge_key = ctx.settings.judge_api_key
         fanout = GraderFanout(pool, http, ctx.metrics, timeout_s, judge_api_key=judge_key) if pool is not None else None
         self._fanout = fanout
-        self.grading = GradingService(ctx, fanout, self.rollouts)
+        grading = GradingContext(ctx.curriculum, ctx.settings, ctx.metrics, ctx.storage, self.rollouts)
+        self.grading = GradingService(grading, fanout)
         self.scoring = ScoringService(ctx, self.grading, fanout)
         # Without local grader processes the role is left to remote grade-workers.
         self.grader_role = GraderRole(self.rollouts, fanout) if fanout is not None else None
@@ -97,9 +101,10 @@ class Dataserver:
             adopt=adopt,
         )
         experience: AsyncExperienceStore | None = None
+        peer_token: str | None = None
         try:
             if storage.reopens:  # a PostgreSQL database, which other servers may stand by for
-                await storage.write(storage.store.announce, settings.advertised_url())
+                peer_token = await storage.write(storage.store.announce, settings.advertised_url())
             progress = await _restore(curriculum, storage)
             experience = await AsyncExperienceStore.open(settings, storage)
             g = GRADER
@@ -118,6 +123,7 @@ class Dataserver:
             metrics.last_iteration.set(progress.last_iteration)
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False)
         server = cls(ServingContext(curriculum, settings, metrics, storage, progress), pool, http, experience)
+        server.peer_token = peer_token
         try:
             await server.rollouts.recover()
         except BaseException:

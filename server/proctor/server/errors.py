@@ -15,8 +15,10 @@ from pydantic import BaseModel, Field
 
 from proctor.server.exceptions import (
     ConflictError,
+    ForbiddenError,
     InvalidRequestError,
     NotFoundError,
+    RelayedError,
     RequestError,
     UnavailableError,
 )
@@ -34,6 +36,7 @@ __all__ = [
 _STATUS: dict[type[RequestError], int] = {
     RequestError: 400,
     InvalidRequestError: 422,
+    ForbiddenError: 403,
     NotFoundError: 404,
     ConflictError: 409,
     UnavailableError: 503,
@@ -42,6 +45,8 @@ _STATUS: dict[type[RequestError], int] = {
 
 def status_of(error: RequestError) -> int:
     """The HTTP status that answers ``error``."""
+    if isinstance(error, RelayedError):
+        return error.status
     return next(_STATUS[cls] for cls in type(error).__mro__ if cls in _STATUS)
 
 

@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from proctor.errors import ProctorError
 
-__all__ = ["ConflictError", "InvalidRequestError", "NotFoundError", "ProctorError", "RequestError", "UnavailableError"]
+__all__ = [
+    "ConflictError",
+    "ForbiddenError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "ProctorError",
+    "RelayedError",
+    "RequestError",
+    "UnavailableError",
+]
 
 
 class RequestError(ProctorError):
@@ -36,6 +45,10 @@ class InvalidRequestError(RequestError):
         super().__init__(f"{field}: {message}", code=code)
 
 
+class ForbiddenError(RequestError):
+    """A request its sender may not make, whatever its values."""
+
+
 class NotFoundError(RequestError):
     """A request for something the server does not have."""
 
@@ -46,3 +59,12 @@ class ConflictError(RequestError):
 
 class UnavailableError(RequestError):
     """The server cannot serve safely any more, e.g. its state file stopped accepting writes."""
+
+
+class RelayedError(RequestError):
+    """Another server's refusal, passed on as it answered: a standby's request to the server that serves its
+    database was refused with ``status``."""
+
+    def __init__(self, status: int, detail: str, *, code: str | None = None) -> None:
+        self.status = status
+        super().__init__(detail, code=code)

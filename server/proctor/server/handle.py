@@ -9,9 +9,10 @@ database answers. Every request gets a 503 that says so meanwhile, and no proces
 
 Several servers may share one PostgreSQL database. The one that holds the database's lock serves; the others
 stand by: they keep nothing of the run in memory, forward every request to the serving one
-(:mod:`proctor.server.forwarding`), and watch the lock. When the serving process ends, however it ends, its
-connection ends with it and the lock is free: a standby opens the dataserver from the database, as a restart
-would, and serves. See ``docs/deploying.md``.
+(:class:`~proctor.server.middleware.ForwardingMiddleware`) but the ``/grade`` requests they grade themselves
+(:mod:`proctor.server.services.standby_grading`), and watch the lock. When the serving process ends, however
+it ends, its connection ends with it and the lock is free: a standby opens the dataserver from the database,
+as a restart would, and serves. See ``docs/deploying.md``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import httpx
 from proctor.server.dataserver import Dataserver
 from proctor.server.exceptions import UnavailableError
 from proctor.server.metrics import Metrics
+from proctor.server.services.standby_grading import Serving, StandbyGrading
 from proctor.server.store import Standby, StateInUseError, StateMismatchError
 
 __all__ = ["DataserverHandle"]
@@ -41,6 +43,8 @@ _STARTING = "the dataserver is starting"
 # A forwarded request waits for its answer as long as the serving server takes (a /grade waits for its
 # graders); connecting to it is quick or the server is gone.
 _FORWARD_TIMEOUT = httpx.Timeout(None, connect=2.0)
+
+StartGrading = Callable[[Serving], Awaitable[StandbyGrading]]
 
 
 class DataserverHandle:
@@ -54,8 +58,14 @@ class DataserverHandle:
         retry_s: float,
         standby: Callable[[], Standby] | None,
         metrics: Metrics,
+        grading: StartGrading | None = None,
     ) -> None:
         self._metrics = metrics
+        self._start_grading = grading
+        self._grading: StandbyGrading | None = None
+        self._grading_task: asyncio.Task[None] | None = None
+        self._serving_token: str | None = None
+        self._ending: asyncio.Task[None] | None = None
         self._server: Dataserver | None = None
         self._open = open_server
         self._retry_s = retry_s
@@ -74,10 +84,12 @@ class DataserverHandle:
         retry_s: float,
         standby: Callable[[], Standby] | None = None,
         metrics: Metrics,
+        grading: StartGrading | None = None,
     ) -> DataserverHandle:
-        """Open the dataserver; with ``standby``, stand by instead while another server holds the database.
-        ``metrics``' ``proctor_serving`` follows which it does."""
-        handle = cls(open_server, retry_s=retry_s, standby=standby, metrics=metrics)
+        """Open the dataserver; with ``standby``, stand by instead while another server holds the database
+        (and with ``grading``, grade the ``/grade`` requests it can place meanwhile, see
+        :mod:`proctor.server.services.standby_grading`). ``metrics``' ``proctor_serving`` follows which it does."""
+        handle = cls(open_server, retry_s=retry_s, standby=standby, metrics=metrics, grading=grading)
         try:
             handle._serve(await open_server())
         except StateInUseError:
@@ -96,6 +108,34 @@ class DataserverHandle:
     @property
     def serving(self) -> bool:
         return self._server is not None
+
+    def standby_grading(self) -> StandbyGrading | None:
+        """What grades ``/grade`` requests on this standby, while it stands by for a known serving server; None
+        while it serves, or when its requests go to the serving server whole."""
+        return self._grading if self._serving_info() is not None else None
+
+    def _serving_info(self) -> tuple[str, str] | None:
+        if self._server is not None or self._failure is not None:
+            return None
+        if self._serving_url is None or self._serving_token is None:
+            return None
+        return self._serving_url, self._serving_token
+
+    async def _begin_grading(self, start: StartGrading) -> None:
+        try:
+            self._grading = await start(self._serving_info)
+        except Exception:
+            log.warning("this standby could not start its grader processes: it forwards /grade too", exc_info=True)
+
+    async def _end_grading(self) -> None:
+        task, grading = self._grading_task, self._grading
+        self._grading_task = self._grading = None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if grading is not None:
+            await grading.close()
 
     def forward_target(self) -> str | None:
         """Where this standby forwards requests: the serving server's URL; None while this one serves, or no
@@ -120,6 +160,9 @@ class DataserverHandle:
             self._acquiring.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._acquiring
+        await self._end_grading()
+        if self._ending is not None:
+            await self._ending
         if self._server is not None:
             await self._server.close()
             self._server = None
@@ -132,6 +175,10 @@ class DataserverHandle:
         self._failure = None
         self._serving_url = None
         self._acquiring = None
+        if self._grading_task is not None:
+            # In-flight requests of the standby's grading end with it: their writes went to the server that
+            # held the database, which is gone (clients retry).
+            self._ending = asyncio.create_task(self._end_grading())
         storage = server.ctx.storage
         if storage.reopens:
             storage.on_failure = lambda: self._failed(server)
@@ -167,7 +214,9 @@ class DataserverHandle:
         if not holder.free:
             if self._failure is not None or holder.serving_url != self._serving_url:
                 log.info("standing by: %s serves the database", holder.serving_url or "a server")
-            self._serving_url, self._failure = holder.serving_url, None
+            self._serving_url, self._serving_token, self._failure = holder.serving_url, holder.token, None
+            if self._start_grading is not None and self._grading_task is None:
+                self._grading_task = asyncio.create_task(self._begin_grading(self._start_grading))
         return holder.free, watch
 
     async def _acquire(self, failed: Dataserver | None) -> None:

@@ -61,6 +61,11 @@ class Metrics:
         self.grades_cached = Counter(
             "proctor_grades_cached", "Grades answered from the store (repeated posts).", registry=r
         )
+        self.graded_standing_by = Counter(
+            "proctor_graded_standing_by",
+            "Completions this process graded while it stood by, stored by the server that serves its database.",
+            registry=r,
+        )
         self.reward = Histogram(
             "proctor_reward",
             "Rewards of error-free grades, by stage.",

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from proctor.server.handle import DataserverHandle
 
 __all__ = [
+    "FORWARDED",
+    "HOP_BY_HOP",
     "ApiKeyMiddleware",
     "BodyLimitMiddleware",
     "ForwardingMiddleware",
@@ -225,10 +227,10 @@ class RequestMetricsMiddleware:
             )
 
 
-_FORWARDED = b"x-proctor-forwarded"
+FORWARDED = b"x-proctor-forwarded"
 _LOCAL = frozenset({"/metrics"})  # a standby's own answer: its metrics say it stands by
 # Headers that describe one connection, not the request: the forwarded request and answer get their own.
-_HOP_BY_HOP = frozenset(
+HOP_BY_HOP = frozenset(
     {
         b"connection",
         b"host",
@@ -244,8 +246,9 @@ _HOP_BY_HOP = frozenset(
 
 
 class ForwardingMiddleware:
-    """On a standby (:mod:`proctor.server.handle`), every request but ``/metrics`` goes to the server that serves
-    the database, as it came (method, path, query, headers with the API key, body), and its answer comes back
+    """On a standby (:mod:`proctor.server.handle`), every request but ``/metrics`` (and ``/grade``, while the
+    standby grades, see :mod:`proctor.server.services.standby_grading`) goes to the server that serves the
+    database, as it came (method, path, query, headers with the API key, body), and its answer comes back
     as it went.
 
     A request that a standby forwarded and that reaches another standby is not forwarded again: it gets a 503,
@@ -261,7 +264,10 @@ class ForwardingMiddleware:
         if handle is None or target is None or scope["path"] in _LOCAL:
             await self.app(scope, receive, send)
             return
-        if _header(scope, _FORWARDED) is not None:
+        if scope["path"] == "/grade" and handle.standby_grading() is not None:
+            await self.app(scope, receive, send)  # graded here; the route sends on what it cannot place
+            return
+        if _header(scope, FORWARDED) is not None:
             await _unavailable(send, "this server stands by and so does the one that forwarded the request; retry")
             return
         body = bytearray()
@@ -275,7 +281,7 @@ class ForwardingMiddleware:
         path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
         url = target.rstrip("/") + path.decode("latin-1") + (("?" + query.decode("latin-1")) if query else "")
-        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP_BY_HOP] + [(_FORWARDED, b"1")]
+        headers = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP] + [(FORWARDED, b"1")]
         client = handle.forwarder
         try:
             answer = await client.send(
@@ -290,7 +296,7 @@ class ForwardingMiddleware:
             )
             return
         try:
-            out = [(k, v) for k, v in answer.headers.raw if k.lower() not in _HOP_BY_HOP]
+            out = [(k, v) for k, v in answer.headers.raw if k.lower() not in HOP_BY_HOP]
             await send({"type": "http.response.start", "status": answer.status_code, "headers": out})
             async for chunk in answer.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -14,26 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from proctor.experience import Value
+from proctor.experience import RowKey, Value
 from proctor.experience import columns as col
+from proctor.server.curriculum.loader import Curriculum
 from proctor.server.exceptions import InvalidRequestError
 from proctor.server.grading.fanout import GraderFanout
+from proctor.server.metrics import Metrics
 from proctor.server.pacing import paced
-from proctor.server.services.context import ServingContext
 from proctor.server.services.grade_rows import grade_rows
 from proctor.server.services.grader_role import LEASE_S, grading_time
 from proctor.server.services.placement import Completion, Graded, reference
 from proctor.server.services.recording import grade_key
-from proctor.server.services.rollouts import Rollouts
+from proctor.server.services.rollouts import Written
+from proctor.server.settings import Settings
 from proctor.server.sources.base import Record, SampleId
 from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow
 from proctor.wire import dataserver as wire
 
-__all__ = ["GradingService"]
+__all__ = ["GradeLookups", "GradedSteps", "GradingContext", "GradingService"]
 
 log = logging.getLogger("proctor.grading")
 
@@ -61,11 +63,56 @@ class _Item:
     """Where the store holds it: ``(table, slot, index)``."""
 
 
+class GradeLookups(Protocol):
+    """What ``/grade`` reads of the run's stored grades (:class:`~proctor.server.storage.AsyncStore`)."""
+
+    def check_healthy(self) -> None: ...
+
+    async def graded_iterations(self, iterations: Iterable[int]) -> set[int]: ...
+
+    async def find_grades(self, keys: Iterable[GradeKey]) -> dict[GradeKey, GradeRow]: ...
+
+    async def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]: ...
+
+
+class GradedSteps(Protocol):
+    """The served steps ``/grade`` places completions in, and the experience store that keeps them: this
+    server's (:class:`~proctor.server.services.rollouts.Rollouts`), or for a standby the serving server's
+    (:class:`~proctor.server.services.standby_grading.ServingSteps`)."""
+
+    @property
+    def last_iteration(self) -> int | None: ...
+
+    def stage_of(self, iteration: int) -> int: ...
+
+    async def sample_ids(self, iteration: int) -> Sequence[str] | None: ...
+
+    async def write_graded(self, graded: Sequence[Graded], *, lease_s: float) -> Written: ...
+
+    async def enqueue(self, completions: Sequence[Completion]) -> list[tuple[int, int, int]]: ...
+
+    async def rewards(
+        self, table: int, rows: Sequence[RowKey], timeout_s: float, *, written_now: bool = False
+    ) -> dict[str, list[Value]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GradingContext:
+    """What a grading service works with: the curriculum, the settings and metrics, the stored grades, and
+    the steps its completions go to."""
+
+    curriculum: Curriculum
+    settings: Settings
+    metrics: Metrics
+    storage: GradeLookups
+    steps: GradedSteps
+
+
 class GradingService:
-    def __init__(self, ctx: ServingContext, fanout: GraderFanout | None, rollouts: Rollouts) -> None:
+    def __init__(self, ctx: GradingContext, fanout: GraderFanout | None) -> None:
         self.ctx = ctx
         self.fanout = fanout
-        self.rollouts = rollouts
+        self.rollouts = ctx.steps
         self._loop_share = asyncio.Lock()
 
     async def grade(self, req: wire.GradeRequest) -> wire.GradeResponse:
@@ -282,7 +329,7 @@ class GradingService:
         sample_id, so that a grade keyed by slot is the grade of the prompt the client was served there. Without
         one, the slot is the one the record fills; a record that fills several must have its slot sent. An item
         whose record is not in the batch keeps no slot."""
-        ids = await self.rollouts.sampling.sample_ids(iteration)
+        ids = await self.rollouts.sample_ids(iteration)
         if ids is None:
             if any(it.slot is not None for it in items):
                 raise InvalidRequestError(
@@ -330,11 +377,11 @@ class GradingService:
         served: dict[str, int] = {}
         if iteration is None:
             served = await self.ctx.storage.latest_served([it.sample_id for it in items])
-        latest = self.ctx.progress.last_iteration or 0
+        latest = self.rollouts.last_iteration or 0
         async for it in paced(items):
             # Ids that were never served (sampled by another server, say) count toward the latest iteration.
             it_iter = iteration if iteration is not None else served.get(it.sample_id, latest)
-            it.stage = self.ctx.progress.stage_of(it_iter)
+            it.stage = self.rollouts.stage_of(it_iter)
             it.key = grade_key(it_iter, it.sample_id, it.slot, it.completion_index, it.completion)
         if iteration is None:
             await self._place_served(items)
@@ -344,7 +391,7 @@ class GradingService:
         slot its record fills there, when it fills one only (else it stays a loose completion of the step)."""
         steps = sorted({it.key[0] for it in items if it.record is not None})
         for step in steps:
-            ids = await self.rollouts.sampling.sample_ids(step)
+            ids = await self.rollouts.sample_ids(step)
             if ids is None:
                 continue
             slots_of = _slots_of(ids)

@@ -106,6 +106,17 @@ class Rollouts:
         self._graded_writer: asyncio.Task[None] | None = None
         ctx.storage.join(sampled_tables.SampledTables(experience.store, ctx.curriculum, self.opened))
 
+    @property
+    def last_iteration(self) -> int | None:
+        return self.ctx.progress.last_iteration
+
+    def stage_of(self, iteration: int) -> int:
+        return self.ctx.progress.stage_of(iteration)
+
+    async def sample_ids(self, iteration: int) -> tuple[str, ...] | None:
+        """The sample id in each slot of ``iteration``; None if it was never sampled."""
+        return await self.sampling.sample_ids(iteration)
+
     async def sample(self, req: wire.SampleRequest) -> bytes:
         """``/sample``: the batch, with its step's table opened in the store."""
         body = await self.sampling.sample(req)

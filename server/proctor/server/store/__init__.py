@@ -30,13 +30,14 @@ from proctor.server.store.grades import GradeQueries
 from proctor.server.store.iterations import IterationQueries
 from proctor.server.store.progress import ProgressQueries
 from proctor.server.store.schema import SCHEMA_VERSION
-from proctor.server.store.standby import Holder, Standby
+from proctor.server.store.standby import Holder, Standby, StandbyReads
 
 __all__ = [
     "SCHEMA_VERSION",
     "Holder",
     "SQLiteVersionError",
     "Standby",
+    "StandbyReads",
     "StateInUseError",
     "StateMismatchError",
     "StateUnreachableError",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import secrets
 import sqlite3
 import threading
 import time
@@ -270,14 +271,19 @@ class StateConnection:
             )
         _check_binding(meta, self.described, curriculum, curriculum_hash, seed)
 
-    def announce(self, url: str) -> None:
-        """Record where this server answers, for the standbys of its PostgreSQL database (:class:`Standby`)."""
+    def announce(self, url: str) -> str:
+        """Record where this server answers, for the standbys of its PostgreSQL database (:class:`Standby`), with
+        a new token that they send with the completions they grade for it; returns the token. Whoever reads
+        the database may act as a standby: the token is worth what its credentials are."""
+        token = secrets.token_hex(16)
         with self._tx():
-            self._db.execute(
-                "INSERT INTO meta (key, value) VALUES ('serving_url', ?)"
-                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (url,),
-            )
+            for key, value in (("serving_url", url), ("serving_token", token)):
+                self._db.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (key, value),
+                )
+        return token
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)

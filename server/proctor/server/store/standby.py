@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 from proctor.experience.database import Database
 from proctor.server.store.connection import _ADVISORY_KEY, StateUnreachableError, _check_binding, redacted
+from proctor.server.store.grades import GradeQueries
+from proctor.server.store.iterations import IterationQueries
 
-__all__ = ["Holder", "Standby"]
+__all__ = ["Holder", "Standby", "StandbyReads"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +19,8 @@ class Holder:
 
     free: bool
     serving_url: str | None
+    token: str | None = None
+    """What the serving server accepts with completions a standby graded for it (:meth:`StateConnection.announce`)."""
 
 
 class Standby:
@@ -46,7 +50,7 @@ class Standby:
         (free,) = db.execute("SELECT pg_try_advisory_lock(?)", (_ADVISORY_KEY,)).fetchone()
         if free:
             db.execute("SELECT pg_advisory_unlock(?)", (_ADVISORY_KEY,))  # to be taken by the store that serves
-        return Holder(bool(free), meta.get("serving_url"))
+        return Holder(bool(free), meta.get("serving_url"), meta.get("serving_token"))
 
     @property
     def errors(self) -> tuple[type[BaseException], ...]:
@@ -54,3 +58,26 @@ class Standby:
 
     def close(self) -> None:
         self._db.close()
+
+
+class StandbyReads(IterationQueries, GradeQueries):
+    """The look-ups of a standby that grades ``/grade`` requests itself: the serving server's own queries of
+    served batches and stored grades, through a read-only connection of the standby's.
+
+    Only the reader is opened (not :class:`StateConnection`'s writer, which would take the lock and migrate the
+    schema: the serving server holds both), so only the queries that read through it may be called."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self._reader = Database.postgresql(path, application="proctor-standby-reader")
+        except ConnectionError as exc:
+            raise StateUnreachableError(f"the PostgreSQL database {redacted(path)} does not answer ({exc})") from None
+        self._reader.execute("SET default_transaction_read_only = on")
+
+    @property
+    def errors(self) -> tuple[type[BaseException], ...]:
+        return self._reader.errors
+
+    def close(self) -> None:
+        self._reader.close()
