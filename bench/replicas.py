@@ -2,10 +2,11 @@
 what a ``kill -9`` of the serving process costs.
 
 Throughput: the rollout path's ``/sample`` and ``/grade`` loads (``bench.rollout_path``, 8 connections) against
-one server directly, against that server through nginx (``bench/_balancer.py``), and against two servers of the
-database through nginx (one serves, the other forwards each request it gets to it). Then a bound for servers
-that share one run's work: two servers that share nothing (each its own database on the same PostgreSQL), each
-asked directly on half the connections, at the same time.
+one server directly, against that server through nginx (``bench/_balancer.py``), against two servers of the
+database through nginx (one serves; the other grades the ``/grade`` requests it gets, the serving one storing
+them, and forwards the rest), and against ``proctor serve --workers 2`` (two such processes on one port, asked
+directly). Then a bound for servers that share one run's work: two servers that share nothing (each its own
+database on the same PostgreSQL), each asked directly on half the connections, at the same time.
 
 Failover: three servers behind nginx and 8 connections asking for new iterations (a write each) without
 retrying; after a while the serving process is killed with SIGKILL. Counted: the requests that failed, and the
@@ -26,6 +27,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import httpx
 
 from bench._balancer import balancer
 from bench._http import Connection
@@ -91,8 +94,8 @@ def run(seconds: float = SECONDS, failover_seconds: float = FAILOVER_SECONDS) ->
         def answer_of(sample_id: str) -> str:
             return records[int(sample_id.rsplit(":", 1)[1])]["answer"]
 
-        def servers(database: str, count: int, name: str) -> list[ServerProcess]:
-            args = [str(curriculum), "--database-url", database, "--log-level", "warning"]
+        def servers(database: str, count: int, name: str, *extra: str) -> list[ServerProcess]:
+            args = [str(curriculum), "--database-url", database, "--log-level", "warning", *extra]
             return [
                 ServerProcess(args, log=folder / f"{name}-{n}.log", cwd=ROOT, env=keep).start() for n in range(count)
             ]
@@ -106,6 +109,14 @@ def run(seconds: float = SECONDS, failover_seconds: float = FAILOVER_SECONDS) ->
             results["direct"] = {k: asdict(v) for k, v in asyncio.run(measure(one[0].port, seconds, answer_of)).items()}
         finally:
             stop(one)
+        processes = servers(pg.new_database(), 1, "workers_2", "--workers", "2")
+        try:
+            _until_both_answer(processes[0].url)
+            results["workers_2"] = {
+                k: asdict(v) for k, v in asyncio.run(measure(processes[0].port, seconds, answer_of)).items()
+            }
+        finally:
+            stop(processes)
         for count, key in ((1, "balanced_1"), (2, "balanced_2")):
             procs = servers(pg.new_database(), count, key)
             try:
@@ -134,19 +145,33 @@ def run(seconds: float = SECONDS, failover_seconds: float = FAILOVER_SECONDS) ->
     return results
 
 
+def _until_both_answer(url: str) -> None:
+    """Until new connections to the port have reached both processes (the serving one and the standby), and the
+    standby has had a moment to start its grader processes."""
+    deadline = time.monotonic() + 60
+    seen: set[str] = set()
+    while len(seen) < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the two processes of --workers 2 did not both answer at {url}")
+        text = httpx.get(url + "/metrics", headers={"connection": "close"}, timeout=30).text
+        seen |= {x for x in text.splitlines() if x.startswith("proctor_serving ")}
+    time.sleep(3.0)
+
+
 def table(results: dict[str, Any]) -> str:
     lines = [
         "| endpoint | 1 server req/s | 1 server p99 ms | 1 behind nginx req/s | 2 behind nginx req/s | "
-        "2 behind nginx p99 ms | 2 ÷ 1 | goal | 2 sharing nothing req/s | sharing nothing ÷ 1 |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+        "2 behind nginx ÷ 1 | --workers 2 req/s | --workers 2 p99 ms | --workers 2 ÷ 1 | goal | "
+        "2 sharing nothing req/s | sharing nothing ÷ 1 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     for key in ("sample", "grade"):
-        a, b, c = (Row(**results[side][key]) for side in ("direct", "balanced_1", "balanced_2"))
+        a, b, c, w = (Row(**results[side][key]) for side in ("direct", "balanced_1", "balanced_2", "workers_2"))
         apart = sum(Row(**r[key]).per_second for r in results["apart_2"])
         lines.append(
             f"| {a.name} | {a.per_second:.0f} | {a.p99_ms:.1f} | {b.per_second:.0f} | {c.per_second:.0f} | "
-            f"{c.p99_ms:.1f} | {c.per_second / a.per_second:.2f}× | {GOALS[key]} | {apart:.0f} | "
-            f"{apart / a.per_second:.2f}× |"
+            f"{c.per_second / a.per_second:.2f}× | {w.per_second:.0f} | {w.p99_ms:.1f} | "
+            f"{w.per_second / a.per_second:.2f}× | {GOALS[key]} | {apart:.0f} | {apart / a.per_second:.2f}× |"
         )
     f = results["failover"]
     lines += [

@@ -111,6 +111,21 @@ def test_serve_refuses_a_bad_setting(monkeypatch: pytest.MonkeyPatch, capsys: py
     assert "PROCTOR_MAX_BATCH_SIZE (max_batch_size): Input should be a valid integer" in capsys.readouterr().err
 
 
+def test_serve_runs_several_processes_of_a_postgresql_database_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "run.db"
+    assert main(["serve", "arithmetic", "--database-url", str(state), "--workers", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"proctor serve: --workers 2 (PROCTOR_WORKERS) runs server processes of one PostgreSQL database, and this "
+        f"run's state is the SQLite file {state}, which one process serves: give a PostgreSQL database "
+        "(--database-url postgresql://…), or leave --workers at 1\n"
+    )
+    assert not state.exists()
+    assert main(["serve", "arithmetic", "--database-url", str(state), "--workers", "0"]) == 2
+    assert "PROCTOR_WORKERS (workers): Input should be greater than or equal to 1; got 0" in capsys.readouterr().err
+
+
 def test_serve_reads_no_option_from_a_prefix_of_its_name(capsys: pytest.CaptureFixture[str]) -> None:
     # --state is a prefix of --state-dir: abbreviated, it would place a fresh run under a directory of that name.
     with pytest.raises(SystemExit) as info:

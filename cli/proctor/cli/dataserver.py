@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
+from proctor.cli import server_processes
 from proctor.errors import ProctorError
 from proctor.experience.database import is_postgresql
 from proctor.server.curriculum.engine import StageSchedule
@@ -48,6 +49,7 @@ def serve(args: argparse.Namespace) -> int:
         database_url=args.database_url,
         seed=args.seed,
         transitions=args.transitions,
+        workers=args.workers,
         grader_workers=args.grader_workers,
         log_level=args.log_level,
         log_format=args.log_format,
@@ -56,6 +58,12 @@ def serve(args: argparse.Namespace) -> int:
     curriculum = load_curriculum(settings.curriculum, seed=settings.seed)
     history = None if settings.transitions is None else read_history(settings.transitions, curriculum)
     state = settings.state_path(curriculum.name, curriculum.hash)
+    if settings.workers > 1 and not is_postgresql(state):
+        raise ProctorError(
+            f"--workers {settings.workers} (PROCTOR_WORKERS) runs server processes of one PostgreSQL database, and "
+            f"this run's state is the SQLite file {state}, which one process serves: give a PostgreSQL database "
+            "(--database-url postgresql://…), or leave --workers at 1"
+        )
     if args.fresh:
         _remove_state(state, settings.host, settings.port)
     if state != ":memory:":
@@ -78,6 +86,8 @@ def serve(args: argparse.Namespace) -> int:
                 store.close()
         # Adopted into the file already: the server's start-up need not read and adopt it again.
         settings = settings.model_copy(update={"transitions": None})
+    if settings.workers > 1:
+        return server_processes.supervise(settings)
     app = create_app(settings, curriculum_obj=curriculum)
     # On SIGTERM uvicorn stops accepting, lets in-flight requests finish for up to shutdown_timeout_s, then
     # runs the lifespan's shutdown, which stops the graders and closes the state file.

@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="another run's GET /curriculum answer: serve its iterations exactly as it did (env PROCTOR_TRANSITIONS)",
     )
     serve_p.add_argument(
+        "--workers",
+        type=int,
+        help="server processes on the port (default 1, env PROCTOR_WORKERS); more than one needs a PostgreSQL "
+        "database (--database-url): one serves it, the others stand by and grade",
+    )
+    serve_p.add_argument(
         "--grader-workers",
         type=int,
         help="grader processes; 0 leaves grading to proctor grade-workers (default: one per core, "

@@ -100,6 +100,13 @@ class Settings(BaseSettings):
         description="The curriculum source whose graders grade a /score (or OpenRLHF, slime) completion whose label "
         "is not a sample id, against the label as its reference answer; unset: such a label is refused.",
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Server processes on the port; more than one needs a PostgreSQL database: one serves it, the "
+        "others stand by, grade /grade requests of sampled steps and take over when it ends.",
+    )
     grader_workers: int = Field(
         default_factory=default_workers,
         ge=0,
