@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench._postgresql import cluster
+from bench._postgresql import PostgreSQLCluster, cluster
 from proctor.cli.launcher import free_port
 
 pytestmark = pytest.mark.e2e
@@ -76,13 +76,24 @@ def test_an_unreachable_database_stops_start_up_with_a_message_that_names_it(
     assert "Traceback" not in str(info.value)
 
 
+def start_once_waited_for(pg: PostgreSQLCluster, log: Path) -> None:
+    """Start the database once the server's log says it waits for it (or after 60 s, for the test to fail)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if log.exists() and "PROCTOR_STATE_WAIT_S" in log.read_text():
+            break
+        time.sleep(0.05)
+    pg.ctl("start")
+
+
 def test_start_up_waits_for_a_database_that_comes_up_after_the_server(
-    server_process: Callable[..., Any], curriculum_file: Path
+    server_process: Callable[..., Any], curriculum_file: Path, tmp_path: Path
 ) -> None:
     with cluster() as pg:
         database = pg.new_database()
         pg.ctl("-m", "fast", "stop")
-        starting = threading.Timer(1.0, pg.ctl, args=("start",))
+        # Started once the server waits for it, however long the server takes to get there.
+        starting = threading.Thread(target=start_once_waited_for, args=(pg, tmp_path / "server-0.log"))
         starting.start()
         try:
             server = server_process(

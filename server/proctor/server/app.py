@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -55,8 +55,8 @@ def create_app(settings: Settings, *, curriculum_obj: Curriculum | None = None) 
     def standby() -> Standby:
         return Standby(path, curriculum=cur.name, curriculum_hash=cur.hash, seed=cur.seed)
 
-    async def standby_grading(serving: Serving) -> StandbyGrading:
-        return await StandbyGrading.start(cur, settings, metrics, path, serving)
+    async def standby_grading(serving: Serving, unreachable: Callable[[], None]) -> StandbyGrading:
+        return await StandbyGrading.start(cur, settings, metrics, path, serving, unreachable)
 
     # A standby grades the /grade requests it can place on grader processes of its own; without local grader
     # processes (PROCTOR_GRADER_WORKERS=0) grade-workers grade for the serving server, and /grade goes there.

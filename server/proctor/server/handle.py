@@ -44,7 +44,7 @@ _STARTING = "the dataserver is starting"
 # graders); connecting to it is quick or the server is gone.
 _FORWARD_TIMEOUT = httpx.Timeout(None, connect=2.0)
 
-StartGrading = Callable[[Serving], Awaitable[StandbyGrading]]
+StartGrading = Callable[[Serving, Callable[[], None]], Awaitable[StandbyGrading]]
 
 
 class DataserverHandle:
@@ -123,7 +123,7 @@ class DataserverHandle:
 
     async def _begin_grading(self, start: StartGrading) -> None:
         try:
-            self._grading = await start(self._serving_info)
+            self._grading = await start(self._serving_info, self.serving_unreachable)
         except Exception:
             log.warning("this standby could not start its grader processes: it forwards /grade too", exc_info=True)
 

@@ -120,10 +120,18 @@ class ServingSteps:
     """The served steps as a standby sees them (each sampled step's batch, read from the database), and the
     serving server's experience store, reached over HTTP."""
 
-    def __init__(self, reads: _Reads, http: httpx.AsyncClient, serving: Serving, api_key: str | None) -> None:
+    def __init__(
+        self,
+        reads: _Reads,
+        http: httpx.AsyncClient,
+        serving: Serving,
+        unreachable: Callable[[], None],
+        api_key: str | None,
+    ) -> None:
         self._reads = reads
         self._http = http
         self._serving = serving
+        self._unreachable = unreachable
         self._api_key = api_key
         self._stages: dict[int, int] = {}
 
@@ -132,7 +140,13 @@ class ServingSteps:
         return None  # only asked of requests without an iteration, which go to the serving server
 
     def stage_of(self, iteration: int) -> int:
-        return self._stages[iteration]  # read with the step's batch, which a standby places first
+        stage = self._stages.get(iteration)  # read with the step's batch, which a standby places first
+        if stage is None:
+            row = self._reads.run(lambda r: r.get_iteration(iteration))
+            if row is None:
+                raise ServedElsewhere(f"iteration {iteration} is not in the database")
+            stage = row.stage
+        return stage
 
     async def sample_ids(self, iteration: int) -> Sequence[str] | None:
         # Read each time rather than kept: a refill round may extend a step's batch after it was sampled.
@@ -188,6 +202,7 @@ class ServingSteps:
         try:
             answer = await self._http.post(url.rstrip("/") + path, content=json.dumps(body), headers=headers)
         except httpx.TransportError as exc:
+            self._unreachable()  # the standby looks at the database's lock now, not at its next look
             raise UnavailableError(
                 f"this server stands by, and the serving one at {url} does not answer ({type(exc).__name__}); "
                 "a standby takes over within seconds: retry"
@@ -224,8 +239,15 @@ class StandbyGrading:
 
     @classmethod
     async def start(
-        cls, curriculum: Curriculum, settings: Settings, metrics: Metrics, path: str, serving: Serving
+        cls,
+        curriculum: Curriculum,
+        settings: Settings,
+        metrics: Metrics,
+        path: str,
+        serving: Serving,
+        unreachable: Callable[[], None],
     ) -> StandbyGrading:
+        """``serving`` says where the serving server is; ``unreachable`` is called when it does not answer."""
         reads = _Reads(path)
         pool = GraderPool(settings.grader_workers, graders=local_refs(curriculum.graders))
         http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0), follow_redirects=False)
@@ -238,7 +260,7 @@ class StandbyGrading:
         timeout_s = settings.grader_timeout_s
         fanout = GraderFanout(pool, http, metrics, timeout_s, judge_api_key=settings.judge_api_key)
         api_key = None if settings.api_key is None else settings.api_key.get_secret_value()
-        steps = ServingSteps(reads, http, serving, api_key)
+        steps = ServingSteps(reads, http, serving, unreachable, api_key)
         ctx = GradingContext(curriculum, settings, metrics, _StandbyLookups(reads), steps)
         return cls(GradingService(ctx, fanout), pool, fanout, reads, http, metrics)
 
