@@ -95,6 +95,15 @@ def test_a_standby_grades_a_step_and_the_serving_server_stores_it(
     assert graded_standing_by(standby.url) == len(items)
 
 
+def refused_alike(urls: list[str], body: dict[str, Any]) -> str:
+    """The one 422 every server answers ``body`` with, and its detail."""
+    answers = [httpx.post(url + "/grade", json=body, timeout=30) for url in urls]
+    assert [a.status_code for a in answers] == [422] * len(urls)
+    assert all(a.json() == answers[0].json() for a in answers)
+    detail: str = answers[0].json()["detail"]
+    return detail
+
+
 def test_a_standby_refuses_what_the_serving_server_refuses(
     server_process: Callable[..., Any], curriculum_file: Path, postgresql_cluster: PostgreSQLCluster
 ) -> None:
@@ -103,26 +112,16 @@ def test_a_standby_refuses_what_the_serving_server_refuses(
     kept = graded(first.url)
     # Refused while the request is checked, on the standby.
     wrong_slot = [{**items[0], "slot": 1, "completion": "another"}]
-    answers = [
-        httpx.post(url + "/grade", json={"iteration": step, "items": wrong_slot}, timeout=30)
-        for url in (standby.url, first.url)
-    ]
-    assert [a.status_code for a in answers] == [422, 422]
-    assert answers[0].json() == answers[1].json()
-    assert answers[0].json()["detail"].startswith("items[0].slot: slot 1 of iteration")
+    detail = refused_alike([standby.url, first.url], {"iteration": step, "items": wrong_slot})
+    assert detail.startswith("items[0].slot: slot 1 of iteration")
     # Refused where the completions are written, on the serving server: a table of one completion a prompt.
     nxt = step + 1
     batch = httpx.post(first.url + "/sample", json={"iteration": nxt, "batch_size": BATCH}, timeout=30).json()
     with ExperienceClient(first.url) as store:
         store.open(nxt, slots=BATCH, group_size=1)
     beyond = [it for it in items_of(batch, "late") if it["completion_index"] == 1][:1]
-    answers = [
-        httpx.post(url + "/grade", json={"iteration": nxt, "items": beyond}, timeout=30)
-        for url in (standby.url, first.url)
-    ]
-    assert [a.status_code for a in answers] == [422, 422]
-    assert answers[0].json() == answers[1].json()
-    assert answers[0].json()["detail"].startswith("items[0].completion_index: 1 is not below the group size 1")
+    detail = refused_alike([standby.url, first.url], {"iteration": nxt, "items": beyond})
+    assert detail.startswith("items[0].completion_index: 1 is not below the group size 1")
     assert graded(first.url) == kept  # nothing of either refused request was kept
 
 

@@ -49,7 +49,7 @@ def supervise(settings: Settings) -> int:
         stopping = True
 
     def start(index: int) -> BaseProcess:
-        process = spawn.Process(target=_serve_one, args=(settings, index), name=f"proctor-serve-{index}")
+        process = spawn.Process(target=_serve_one, args=(settings,), name=f"proctor-serve-{index}")
         process.start()
         return process
 
@@ -110,7 +110,7 @@ def _bound(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _serve_one(settings: Settings, index: int) -> None:
+def _serve_one(settings: Settings) -> None:
     """One server process: the shared port and a port of its own, which the others reach it at."""
     import uvicorn
 

@@ -55,11 +55,16 @@ class Dataserver:
     """Create with :meth:`open`, release with :meth:`close`."""
 
     def __init__(
-        self, ctx: ServingContext, pool: GraderPool | None, http: httpx.AsyncClient, experience: AsyncExperienceStore
+        self,
+        ctx: ServingContext,
+        pool: GraderPool | None,
+        http: httpx.AsyncClient,
+        experience: AsyncExperienceStore,
+        peer_token: str | None = None,
     ) -> None:
         self.ctx = ctx
         self.experience = experience
-        self.peer_token: str | None = None
+        self.peer_token = peer_token
         """What a standby of this server's PostgreSQL database sends with the completions it graded (None on
         SQLite, which has no standbys)."""
         self._pool = pool
@@ -122,8 +127,9 @@ class Dataserver:
         if progress.last_iteration is not None:
             metrics.last_iteration.set(progress.last_iteration)
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False)
-        server = cls(ServingContext(curriculum, settings, metrics, storage, progress), pool, http, experience)
-        server.peer_token = peer_token
+        server = cls(
+            ServingContext(curriculum, settings, metrics, storage, progress), pool, http, experience, peer_token
+        )
         try:
             await server.rollouts.recover()
         except BaseException:

@@ -14,10 +14,10 @@ from starlette.requests import ClientDisconnect
 
 from proctor.server.dataserver import Dataserver
 from proctor.server.exceptions import RequestError
-from proctor.server.handle import DataserverHandle
+from proctor.server.handle import DataserverHandle, Grading
 from proctor.server.metrics import Metrics
 
-__all__ = ["DataserverDep", "MetricsDep", "json_body"]
+__all__ = ["DataserverDep", "GradingDep", "MetricsDep", "json_body"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -30,6 +30,14 @@ async def _dataserver(request: Request) -> Dataserver:
 
 
 DataserverDep = Annotated[Dataserver, Depends(_dataserver)]
+
+
+async def _grading(request: Request) -> Grading:
+    handle: DataserverHandle = request.state.dataserver
+    return handle.grading()
+
+
+GradingDep = Annotated[Grading, Depends(_grading)]
 
 
 async def _metrics(request: Request) -> Metrics:

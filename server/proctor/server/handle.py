@@ -31,10 +31,11 @@ import httpx
 from proctor.server.dataserver import Dataserver
 from proctor.server.exceptions import UnavailableError
 from proctor.server.metrics import Metrics
+from proctor.server.services.grading import GradingService
 from proctor.server.services.standby_grading import Serving, StandbyGrading
 from proctor.server.store import Standby, StateInUseError, StateMismatchError
 
-__all__ = ["DataserverHandle"]
+__all__ = ["DataserverHandle", "Grading"]
 
 log = logging.getLogger("proctor")
 
@@ -45,6 +46,8 @@ _STARTING = "the dataserver is starting"
 _FORWARD_TIMEOUT = httpx.Timeout(None, connect=2.0)
 
 StartGrading = Callable[[Serving, Callable[[], None]], Awaitable[StandbyGrading]]
+Grading = GradingService | StandbyGrading
+"""What grades a ``/grade``: the serving dataserver's service, or a standby's."""
 
 
 class DataserverHandle:
@@ -108,6 +111,12 @@ class DataserverHandle:
     @property
     def serving(self) -> bool:
         return self._server is not None
+
+    def grading(self) -> Grading:
+        """What grades ``/grade`` here: this standby, while it grades; else the serving dataserver (a 503 while
+        there is none)."""
+        standby = self.standby_grading()
+        return standby if standby is not None else self.get().grading
 
     def standby_grading(self) -> StandbyGrading | None:
         """What grades ``/grade`` requests on this standby, while it stands by for a known serving server; None

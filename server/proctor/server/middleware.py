@@ -23,13 +23,12 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proctor.server.metrics import Metrics
+from proctor.server.services.standby_grading import ServedElsewhere
 
 if TYPE_CHECKING:
     from proctor.server.handle import DataserverHandle
 
 __all__ = [
-    "FORWARDED",
-    "HOP_BY_HOP",
     "ApiKeyMiddleware",
     "BodyLimitMiddleware",
     "ForwardingMiddleware",
@@ -227,10 +226,10 @@ class RequestMetricsMiddleware:
             )
 
 
-FORWARDED = b"x-proctor-forwarded"
+_FORWARDED = b"x-proctor-forwarded"
 _LOCAL = frozenset({"/metrics"})  # a standby's own answer: its metrics say it stands by
 # Headers that describe one connection, not the request: the forwarded request and answer get their own.
-HOP_BY_HOP = frozenset(
+_HOP_BY_HOP = frozenset(
     {
         b"connection",
         b"host",
@@ -246,10 +245,10 @@ HOP_BY_HOP = frozenset(
 
 
 class ForwardingMiddleware:
-    """On a standby (:mod:`proctor.server.handle`), every request but ``/metrics`` (and ``/grade``, while the
-    standby grades, see :mod:`proctor.server.services.standby_grading`) goes to the server that serves the
-    database, as it came (method, path, query, headers with the API key, body), and its answer comes back
-    as it went.
+    """On a standby (:mod:`proctor.server.handle`), every request but ``/metrics`` goes to the server that serves
+    the database, as it came (method, path, query, headers with the API key, body), and its answer comes back
+    as it went. While the standby grades (:mod:`proctor.server.services.standby_grading`), a ``/grade`` goes to
+    its own route first, and on to the serving server only when the route cannot place it.
 
     A request that a standby forwarded and that reaches another standby is not forwarded again: it gets a 503,
     as does one whose serving server does not answer (it ended; a standby takes over within seconds). Clients
@@ -264,10 +263,8 @@ class ForwardingMiddleware:
         if handle is None or target is None or scope["path"] in _LOCAL:
             await self.app(scope, receive, send)
             return
-        if scope["path"] == "/grade" and handle.standby_grading() is not None:
-            await self.app(scope, receive, send)  # graded here; the route sends on what it cannot place
-            return
-        if _header(scope, FORWARDED) is not None:
+        grading = scope["path"] == "/grade" and handle.standby_grading() is not None
+        if not grading and _header(scope, _FORWARDED) is not None:
             await _unavailable(send, "this server stands by and so does the one that forwarded the request; retry")
             return
         body = bytearray()
@@ -278,10 +275,19 @@ class ForwardingMiddleware:
             body += message.get("body", b"")
             if not message.get("more_body", False):
                 break
+        if grading:
+            try:
+                await self.app(scope, _replayed(bytes(body), receive), send)
+                return
+            except ServedElsewhere:  # raised before the route answers anything
+                target = handle.forward_target()
+                if target is None or _header(scope, _FORWARDED) is not None:
+                    await _unavailable(send, "this server stands by and cannot place this /grade now; retry")
+                    return
         path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
         url = target.rstrip("/") + path.decode("latin-1") + (("?" + query.decode("latin-1")) if query else "")
-        headers = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP] + [(FORWARDED, b"1")]
+        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP_BY_HOP] + [(_FORWARDED, b"1")]
         client = handle.forwarder
         try:
             answer = await client.send(
@@ -296,13 +302,27 @@ class ForwardingMiddleware:
             )
             return
         try:
-            out = [(k, v) for k, v in answer.headers.raw if k.lower() not in HOP_BY_HOP]
+            out = [(k, v) for k, v in answer.headers.raw if k.lower() not in _HOP_BY_HOP]
             await send({"type": "http.response.start", "status": answer.status_code, "headers": out})
             async for chunk in answer.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         finally:
             await answer.aclose()
+
+
+def _replayed(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with the body, read already, handed out again first."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 async def _unavailable(send: Send, detail: str) -> None:

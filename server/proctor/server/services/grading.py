@@ -112,7 +112,7 @@ class GradingService:
     def __init__(self, ctx: GradingContext, fanout: GraderFanout | None) -> None:
         self.ctx = ctx
         self.fanout = fanout
-        self.rollouts = ctx.steps
+        self.steps = ctx.steps
         self._loop_share = asyncio.Lock()
 
     async def grade(self, req: wire.GradeRequest) -> wire.GradeResponse:
@@ -145,7 +145,7 @@ class GradingService:
         if self.fanout is not None:
             values, raced = await self._grade_and_write(fresh, completions, self.fanout)
         elif completions:
-            for it, row in zip(fresh, await self.rollouts.enqueue(completions), strict=True):
+            for it, row in zip(fresh, await self.steps.enqueue(completions), strict=True):
                 it.row = row
         waiting = [it for it in fresh if it.row not in values]
         # Rows this request wrote for the role elsewhere are graded by collections to come; those its own write
@@ -201,7 +201,7 @@ class GradingService:
             value = (float(reward), *col.parse_reward_detail(detail))
             values.append(value)
             graded.append(Graded(c, value[0], detail, GradeRow(it.key, it.stage, it.source, *value)))
-        written = await self.rollouts.write_graded(graded, lease_s=LEASE_S)
+        written = await self.steps.write_graded(graded, lease_s=LEASE_S)
         found: dict[_Row, _Graded] = {}
         for it, row, value in zip(fresh, written.rows, values, strict=True):
             it.row = row
@@ -221,7 +221,7 @@ class GradingService:
         async def one(table: int, its: list[_Item]) -> None:
             timeout = grading_time(len(its), max(s.grader_workers, 1), s.grader_timeout_s)
             rows = [it.row[1:] for it in its]
-            values = await self.rollouts.rewards(table, rows, timeout, written_now=written_now)
+            values = await self.steps.rewards(table, rows, timeout, written_now=written_now)
             for n, it in enumerate(its):
                 out[it.row] = (float(values[col.REWARD][n]), *col.parse_reward_detail(values[col.REWARD_DETAIL][n]))
 
@@ -329,7 +329,7 @@ class GradingService:
         sample_id, so that a grade keyed by slot is the grade of the prompt the client was served there. Without
         one, the slot is the one the record fills; a record that fills several must have its slot sent. An item
         whose record is not in the batch keeps no slot."""
-        ids = await self.rollouts.sample_ids(iteration)
+        ids = await self.steps.sample_ids(iteration)
         if ids is None:
             if any(it.slot is not None for it in items):
                 raise InvalidRequestError(
@@ -377,11 +377,11 @@ class GradingService:
         served: dict[str, int] = {}
         if iteration is None:
             served = await self.ctx.storage.latest_served([it.sample_id for it in items])
-        latest = self.rollouts.last_iteration or 0
+        latest = self.steps.last_iteration or 0
         async for it in paced(items):
             # Ids that were never served (sampled by another server, say) count toward the latest iteration.
             it_iter = iteration if iteration is not None else served.get(it.sample_id, latest)
-            it.stage = self.rollouts.stage_of(it_iter)
+            it.stage = self.steps.stage_of(it_iter)
             it.key = grade_key(it_iter, it.sample_id, it.slot, it.completion_index, it.completion)
         if iteration is None:
             await self._place_served(items)
@@ -391,7 +391,7 @@ class GradingService:
         slot its record fills there, when it fills one only (else it stays a loose completion of the step)."""
         steps = sorted({it.key[0] for it in items if it.record is not None})
         for step in steps:
-            ids = await self.rollouts.sample_ids(step)
+            ids = await self.steps.sample_ids(step)
             if ids is None:
                 continue
             slots_of = _slots_of(ids)

@@ -33,11 +33,10 @@ from proctor.server.grading.registry import local_refs
 from proctor.server.metrics import Metrics
 from proctor.server.services.grading import GradingContext, GradingService
 from proctor.server.services.placement import Completion, Graded
-from proctor.server.services.recording import grade_key
 from proctor.server.services.rollouts import Written
 from proctor.server.settings import Settings
 from proctor.server.sources.base import SampleId
-from proctor.server.state.rows import GradeKey, GradeRow
+from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow, IterationRow
 from proctor.server.store import StandbyReads, StateUnreachableError
 from proctor.wire import dataserver as wire
 
@@ -140,24 +139,24 @@ class ServingSteps:
         return None  # only asked of requests without an iteration, which go to the serving server
 
     def stage_of(self, iteration: int) -> int:
-        stage = self._stages.get(iteration)  # read with the step's batch, which a standby places first
-        if stage is None:
-            row = self._reads.run(lambda r: r.get_iteration(iteration))
-            if row is None:
-                raise ServedElsewhere(f"iteration {iteration} is not in the database")
-            stage = row.stage
-        return stage
+        # Read with the step's batch, which a standby places first.
+        stage = self._stages.get(iteration)
+        return self._row(iteration).stage if stage is None else stage
 
     async def sample_ids(self, iteration: int) -> Sequence[str] | None:
         # Read each time rather than kept: a refill round may extend a step's batch after it was sampled.
-        row = self._reads.run(lambda r: r.get_iteration(iteration))
-        if row is None:
-            # Not sampled yet, or in a commit not yet visible: the serving server decides what it is.
-            raise ServedElsewhere(f"iteration {iteration} is not in the database")
+        row = self._row(iteration)
         if len(self._stages) >= _BATCHES_KEPT:
             self._stages.clear()
         self._stages[iteration] = row.stage
         return tuple(s["sample_id"] for s in row.samples)
+
+    def _row(self, iteration: int) -> IterationRow:
+        row = self._reads.run(lambda r: r.get_iteration(iteration))
+        if row is None:
+            # Not sampled yet, or in a commit not yet visible: the serving server decides what it is.
+            raise ServedElsewhere(f"iteration {iteration} is not in the database")
+        return row
 
     async def write_graded(self, graded: Sequence[Graded], *, lease_s: float) -> Written:
         items = [
@@ -174,6 +173,7 @@ class ServingSteps:
                 g.detail,
                 g.grade.stage,
                 g.grade.source,
+                g.grade.key[4],
             ]
             for g in graded
         ]
@@ -294,10 +294,12 @@ def decode_graded(body: bytes, curriculum: Curriculum) -> tuple[list[Graded], fl
         lease_s = float(data["lease_s"])
         graded = []
         for item in data["items"]:
-            step, slot, sample_id, index, completion, tokens, position, regrade, reward, detail, stage, source = item
+            (step, slot, sample_id, index, completion, tokens, position, regrade) = item[:8]
+            reward, detail, stage, source, sha = item[8:]
             sid = SampleId.parse(sample_id)
             record = curriculum.sources[sid.source].record(sid.key)
-            key = grade_key(step, sample_id, slot, index, completion)
+            # The standby's digest of the completion (see grade_key): the serving server is the busier of the two.
+            key: GradeKey = (step, sample_id, NO_SLOT if slot is None else slot, index, str(sha))
             c = Completion(step, slot, sample_id, index, completion, tokens, record, position=position, regrade=regrade)
             row = GradeRow(key, stage, source, float(reward), *col.parse_reward_detail(detail))
             graded.append(Graded(c, float(reward), detail, row))
@@ -308,7 +310,7 @@ def decode_graded(body: bytes, curriculum: Curriculum) -> tuple[list[Graded], fl
 
 def encode_written(written: Written) -> bytes:
     at = {row: n for n, row in enumerate(written.rows)}
-    collected = sorted(at[row] for row in written.collected if row in at)
+    collected = sorted(at[row] for row in written.collected)
     return json.dumps({"rows": written.rows, "collected": collected, "raced": sorted(written.raced)}).encode()
 
 
