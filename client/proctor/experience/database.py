@@ -209,6 +209,28 @@ class Database:
             columns.append(list(column) if cast is None else [None if v is None else cast(v) for v in column])
         return f"SELECT * FROM unnest({arrays})", columns
 
+    def lookup(
+        self, table: str, key: Sequence[tuple[str, str]], columns: Sequence[str], keys: Sequence[Sequence[Any]]
+    ) -> tuple[str, list[Any]]:
+        """A statement that selects ``columns`` of the rows of ``table`` whose unique ``key`` (its columns' names
+        and PostgreSQL types) is one of ``keys``, and its parameters.
+
+        On PostgreSQL, each key is looked up on its own (a lateral subquery, which the planner cannot turn into
+        a join): a prepared statement keeps the plan made while the table was small, and joining the keys to the
+        table would then scan the whole table for every statement, until the database analyzes it again."""
+        names = [name for name, _ in key]
+        values, params = self.rows([type_ for _, type_ in key], keys)
+        selected = ", ".join(f"t.{c}" for c in columns)
+        if self.dialect == "sqlite":
+            using = ", ".join(names)
+            return f"WITH k ({using}) AS ({values}) SELECT {selected} FROM k JOIN {table} AS t USING ({using})", params
+        match = " AND ".join(f"t.{n} = k.{n}" for n in names)
+        return (
+            f"SELECT {', '.join(f'l.{c}' for c in columns)} FROM ({values}) AS k ({', '.join(names)})"
+            f" CROSS JOIN LATERAL (SELECT {selected} FROM {table} AS t WHERE {match} LIMIT 1) AS l",
+            params,
+        )
+
     def table_exists(self, name: str) -> bool:
         if self.dialect == "sqlite":
             sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"

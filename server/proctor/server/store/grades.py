@@ -25,10 +25,29 @@ _GRADE_SUMS = (
     " SUM(CASE WHEN error IS NULL THEN reward END)"
 )
 
-# The PostgreSQL types of the keys that statements take sets of (see Database.rows).
-_GRADE_KEY = ("bigint", "text", "bigint", "bigint", "text")  # iteration, sample_id, slot, completion_index, sha
-_GROUP_KEY = ("bigint", "text", "bigint")  # iteration, sample_id, slot
-_RECORD_KEY = ("text", "bigint")  # source, key
+# The keys that statements take sets of, with their PostgreSQL types (see Database.rows and Database.lookup).
+_GRADE_KEY = (
+    ("iteration", "bigint"),
+    ("sample_id", "text"),
+    ("slot", "bigint"),
+    ("completion_index", "bigint"),
+    ("completion_sha", "text"),
+)
+_GROUP_KEY = (("iteration", "bigint"), ("sample_id", "text"), ("slot", "bigint"))
+_RECORD_KEY = (("source", "text"), ("key", "bigint"))
+_GRADE_TYPES = tuple(t for _, t in _GRADE_KEY)
+_GROUP_TYPES = tuple(t for _, t in _GROUP_KEY)
+_RECORD_TYPES = tuple(t for _, t in _RECORD_KEY)
+# What the look-ups read: the key, then the stored values.
+_GRADE_COLUMNS = (
+    *(n for n, _ in _GRADE_KEY),
+    *("stage", "source", "reward", "components", "error", "details"),
+)
+_GROUP_COLUMNS = (*(n for n, _ in _GROUP_KEY), "n", "mean", "m2")
+_ITEM_COLUMNS = (
+    *(n for n, _ in _RECORD_KEY),
+    *("passes", "fails", "groups", "streak", "streak_before", "last_iteration", "last_slot", "served_epoch"),
+)
 
 
 class GradeQueries(StateConnection):
@@ -74,13 +93,7 @@ class GradeQueries(StateConnection):
         """The stored state of the records ``(source, key)`` that have one."""
         out: dict[tuple[str, int], ItemState] = {}
         for part in _parts(sorted(set(keys)), _KEYS_PER_STATEMENT):
-            values, params = self._reader.rows(_RECORD_KEY, part)
-            rows = self._reader.execute(
-                f"WITH k (source, key) AS ({values}) SELECT i.source, i.key, i.passes, i.fails, i.groups,"
-                " i.streak, i.streak_before, i.last_iteration, i.last_slot, i.served_epoch"
-                " FROM k JOIN items AS i USING (source, key)",
-                params,
-            )
+            rows = self._reader.execute(*self._reader.lookup("items", _RECORD_KEY, _ITEM_COLUMNS, part))
             for source, key, passes, fails, groups, streak, before, iteration, slot, served in rows:
                 out[(source, key)] = ItemState(passes, fails, groups, streak, before, (iteration, slot), served)
         return out
@@ -89,14 +102,7 @@ class GradeQueries(StateConnection):
         """The stored grades of ``keys`` (keys without one are absent), a statement per few hundred keys."""
         out: dict[GradeKey, GradeRow] = {}
         for part in _parts(list(keys), _KEYS_PER_STATEMENT):
-            values, params = self._reader.rows(_GRADE_KEY, part)
-            rows = self._reader.execute(
-                f"WITH k (iteration, sample_id, slot, completion_index, completion_sha) AS ({values})"
-                " SELECT g.iteration, g.sample_id, g.slot, g.completion_index, g.completion_sha, g.stage, g.source,"
-                " g.reward, g.components, g.error, g.details FROM k JOIN grades AS g"
-                " USING (iteration, sample_id, slot, completion_index, completion_sha)",
-                params,
-            )
+            rows = self._reader.execute(*self._reader.lookup("grades", _GRADE_KEY, _GRADE_COLUMNS, part))
             for *key, stage, source, reward, components, error, details in rows:
                 k: GradeKey = (key[0], key[1], key[2], key[3], key[4])
                 out[k] = GradeRow(k, stage, source, reward, json.loads(components), error, json.loads(details or "{}"))
@@ -126,7 +132,7 @@ class GradeQueries(StateConnection):
             new, after = ("xmax = 0", []) if postgresql else ("seq > ?", [before])
             for part in _parts(list(rows), _ROWS_PER_STATEMENT):
                 values, params = self._db.rows(
-                    (*_GRADE_KEY, "bigint", "text", "double precision", "text", "text", "text", "double precision"),
+                    (*_GRADE_TYPES, "bigint", "text", "double precision", "text", "text", "text", "double precision"),
                     [
                         (*r.key, r.stage, r.source, r.reward, json.dumps(r.components), r.error, _details(r), now)
                         for r in part
@@ -155,11 +161,8 @@ class GradeQueries(StateConnection):
         group_keys = list(dict.fromkeys((r.key[0], r.key[1], r.key[2]) for r in rows))
         groups = dict.fromkeys(group_keys, NEW_GROUP)
         for gpart in _parts(group_keys, _KEYS_PER_STATEMENT):
-            values, params = self._db.rows(_GROUP_KEY, gpart)
             for iteration, sample_id, slot, n, mean, m2 in self._db.execute(
-                f"WITH k (iteration, sample_id, slot) AS ({values}) SELECT g.iteration, g.sample_id, g.slot,"
-                " g.n, g.mean, g.m2 FROM k JOIN groups AS g USING (iteration, sample_id, slot)",
-                params,
+                *self._db.lookup("groups", _GROUP_KEY, _GROUP_COLUMNS, gpart)
             ):
                 groups[(iteration, sample_id, slot)] = GroupState(n, mean, m2)
         first = dict(groups)
@@ -168,12 +171,8 @@ class GradeQueries(StateConnection):
         )
         items = {k: ItemState() for k in record_keys}
         for ipart in _parts(record_keys, _KEYS_PER_STATEMENT):
-            values, params = self._db.rows(_RECORD_KEY, ipart)
             for source, record, *fields in self._db.execute(
-                f"WITH k (source, key) AS ({values}) SELECT i.source, i.key, i.passes, i.fails, i.groups,"
-                " i.streak, i.streak_before, i.last_iteration, i.last_slot, i.served_epoch"
-                " FROM k JOIN items AS i USING (source, key)",
-                params,
+                *self._db.lookup("items", _RECORD_KEY, _ITEM_COLUMNS, ipart)
             ):
                 passes, fails, n_groups, streak, streak_before, last_iteration, last_slot, served = fields
                 items[(source, record)] = ItemState(
@@ -189,7 +188,7 @@ class GradeQueries(StateConnection):
                 items[ikey] = fold_grade(items[ikey], group, updated, (r.key[0], r.key[2]), passed, tracking.decay)
         for gpart in _parts(group_keys, _ROWS_PER_STATEMENT):
             values, params = self._db.rows(
-                (*_GROUP_KEY, "bigint", "double precision", "double precision"),
+                (*_GROUP_TYPES, "bigint", "double precision", "double precision"),
                 [(*k, groups[k].n, groups[k].mean, groups[k].m2) for k in gpart],
             )
             self._db.defer(
@@ -202,7 +201,7 @@ class GradeQueries(StateConnection):
             # served_epoch is the sampler's to write (with the iterations), never the grades'.
             values, params = self._db.rows(
                 (
-                    *_RECORD_KEY,
+                    *_RECORD_TYPES,
                     "double precision",
                     "double precision",
                     "bigint",
