@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from proctor.server.state.items import NEW_GROUP, GroupState, ItemState, ItemTracking, fold_grade
 from proctor.server.state.rows import (
@@ -122,6 +123,14 @@ class GradeQueries(StateConnection):
         now = time.time()
         written: dict[GradeKey, GradeOutcome] = {}
         postgresql = self._db.dialect == "postgresql"
+        tracking = self._tracking
+        # The stored state of each group and record an error-free grade may fold into is read with the inserts,
+        # in the same round trip on PostgreSQL; a grade the inserts do not store folds into nothing.
+        foldable = [r for r in rows if r.error is None]
+        group_keys = list(dict.fromkeys((r.key[0], r.key[1], r.key[2]) for r in foldable))
+        record_keys = list(
+            dict.fromkeys((r.source, _record_key(r.key[1])) for r in foldable if r.source in tracking.finite)
+        )
         with self._tx():
             # Which rows the upsert inserted, and which errors it replaced: PostgreSQL says so (a row version
             # no transaction has replaced, xmax 0, is new). On SQLite, one writer in a transaction: a row whose
@@ -130,6 +139,7 @@ class GradeQueries(StateConnection):
             if not postgresql:
                 (before,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM grades").fetchone()
             new, after = ("xmax = 0", []) if postgresql else ("seq > ?", [before])
+            inserts: list[tuple[str, list[Any]]] = []
             for part in _parts(list(rows), _ROWS_PER_STATEMENT):
                 values, params = self._db.rows(
                     (*_GRADE_TYPES, "bigint", "text", "double precision", "text", "text", "text", "double precision"),
@@ -138,46 +148,62 @@ class GradeQueries(StateConnection):
                         for r in part
                     ],
                 )
-                returned = self._db.execute(
-                    "INSERT INTO grades (iteration, sample_id, slot, completion_index, completion_sha, stage, source,"
-                    f" reward, components, error, details, created_at) {values}"
-                    " ON CONFLICT (iteration, sample_id, slot, completion_index, completion_sha) DO UPDATE SET"
-                    " stage = excluded.stage, source = excluded.source, reward = excluded.reward,"
-                    " components = excluded.components, error = excluded.error, details = excluded.details,"
-                    " created_at = excluded.created_at"
-                    " WHERE grades.error IS NOT NULL"
-                    f" RETURNING {new}, iteration, sample_id, slot, completion_index, completion_sha",
-                    params + after,
-                ).fetchall()
+                inserts.append(
+                    (
+                        "INSERT INTO grades (iteration, sample_id, slot, completion_index, completion_sha, stage,"
+                        f" source, reward, components, error, details, created_at) {values}"
+                        " ON CONFLICT (iteration, sample_id, slot, completion_index, completion_sha) DO UPDATE SET"
+                        " stage = excluded.stage, source = excluded.source, reward = excluded.reward,"
+                        " components = excluded.components, error = excluded.error, details = excluded.details,"
+                        " created_at = excluded.created_at"
+                        " WHERE grades.error IS NOT NULL"
+                        f" RETURNING {new}, iteration, sample_id, slot, completion_index, completion_sha",
+                        params + after,
+                    )
+                )
+            group_reads = [
+                self._db.lookup("groups", _GROUP_KEY, _GROUP_COLUMNS, part)
+                for part in _parts(group_keys, _KEYS_PER_STATEMENT)
+            ]
+            record_reads = [
+                self._db.lookup("items", _RECORD_KEY, _ITEM_COLUMNS, part)
+                for part in _parts(record_keys, _KEYS_PER_STATEMENT)
+            ]
+            results = self._db.fetch_together([*inserts, *group_reads, *record_reads])
+            for returned in results[: len(inserts)]:
                 for inserted, *key in returned:
                     written[(key[0], key[1], key[2], key[3], key[4])] = "inserted" if inserted else "replaced_error"
-            items, groups = self._fold([r for r in rows if r.error is None and r.key in written])
-        return StoredGrades([written.get(r.key, "exists") for r in rows], items, groups)
+            groups = dict.fromkeys(group_keys, NEW_GROUP)
+            for found in results[len(inserts) : len(inserts) + len(group_reads)]:
+                for iteration, sample_id, slot, n, mean, m2 in found:
+                    groups[(iteration, sample_id, slot)] = GroupState(n, mean, m2)
+            items = {k: ItemState() for k in record_keys}
+            for found in results[len(inserts) + len(group_reads) :]:
+                for source, record, *fields in found:
+                    passes, fails, n_groups, streak, streak_before, last_iteration, last_slot, served = fields
+                    items[(source, record)] = ItemState(
+                        passes, fails, n_groups, streak, streak_before, (last_iteration, last_slot), served
+                    )
+            folded = self._fold([r for r in foldable if r.key in written], groups, items)
+        return StoredGrades([written.get(r.key, "exists") for r in rows], *folded)
 
-    def _fold(self, rows: Sequence[GradeRow]) -> tuple[list[tuple[str, int, ItemState]], list[GroupChange]]:
+    def _fold(
+        self,
+        rows: Sequence[GradeRow],
+        stored_groups: Mapping[tuple[int, str, int], GroupState],
+        stored_items: Mapping[tuple[str, int], ItemState],
+    ) -> tuple[list[tuple[str, int, ItemState]], list[GroupChange]]:
+        """Fold ``rows`` into their groups and records (whose stored states are given) and write those."""
         if not rows:
             return [], []
         tracking = self._tracking
         group_keys = list(dict.fromkeys((r.key[0], r.key[1], r.key[2]) for r in rows))
-        groups = dict.fromkeys(group_keys, NEW_GROUP)
-        for gpart in _parts(group_keys, _KEYS_PER_STATEMENT):
-            for iteration, sample_id, slot, n, mean, m2 in self._db.execute(
-                *self._db.lookup("groups", _GROUP_KEY, _GROUP_COLUMNS, gpart)
-            ):
-                groups[(iteration, sample_id, slot)] = GroupState(n, mean, m2)
+        groups = {k: stored_groups[k] for k in group_keys}
         first = dict(groups)
         record_keys = list(
             dict.fromkeys((r.source, _record_key(r.key[1])) for r in rows if r.source in tracking.finite)
         )
-        items = {k: ItemState() for k in record_keys}
-        for ipart in _parts(record_keys, _KEYS_PER_STATEMENT):
-            for source, record, *fields in self._db.execute(
-                *self._db.lookup("items", _RECORD_KEY, _ITEM_COLUMNS, ipart)
-            ):
-                passes, fails, n_groups, streak, streak_before, last_iteration, last_slot, served = fields
-                items[(source, record)] = ItemState(
-                    passes, fails, n_groups, streak, streak_before, (last_iteration, last_slot), served
-                )
+        items = {k: stored_items[k] for k in record_keys}
         for r in rows:
             gkey = (r.key[0], r.key[1], r.key[2])
             group = groups[gkey]
