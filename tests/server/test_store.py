@@ -260,6 +260,24 @@ def test_a_grade_is_keyed_by_its_slot(state: str) -> None:
     store.close()
 
 
+def test_graded_iterations_counts_grades_stored_before_and_since_the_store_opened(state: str) -> None:
+    def graded_at(iteration: int, suffix: int, *, error: str | None = None) -> GradeRow:
+        return GradeRow((iteration, f"add:0123456789:{suffix}", 0, 0, "sha"), 0, "add", 1.0, {}, error)
+
+    store = open_store(state)
+    store.insert_grades([graded_at(3, 1), graded_at(7, 2, error="timeout")])
+    store.close()
+    store = open_store(state)
+    assert store.graded_iterations(range(12)) == {3, 7}
+    store.insert_grades([graded_at(5, 3), graded_at(9, 4, error="timeout"), graded_at(3, 5)])
+    assert store.graded_iterations(range(12)) == {3, 5, 7, 9}
+    assert store.graded_iterations([]) == set()
+    store.close()
+    store = open_store(state)
+    assert store.graded_iterations(range(12)) == {3, 5, 7, 9}
+    store.close()
+
+
 def test_the_served_index_keeps_the_latest_iteration(state: str) -> None:
     store = open_store(state)
     store.record_iteration(IterationRow(7, 1, 0, [{"sample_id": "a:0123456789:0"}]), [])

@@ -54,11 +54,28 @@ _ITEM_COLUMNS = (
 class GradeQueries(StateConnection):
     """Grades and the per-record and per-group statistics they fold into."""
 
+    # The store that holds the state is the only one that stores grades: an iteration above the highest one
+    # graded when it opened has grades only if it stored them, which it remembers. A store that only reads (a
+    # standby's, which never opens as this one does) asks the database every time.
+    _graded_through: int | None = None
+    _graded_here: set[int]
+
+    def _opened(self) -> None:
+        super()._opened()
+        (highest,) = self._db.execute("SELECT MAX(iteration) FROM grades").fetchone()
+        self._graded_through = -1 if highest is None else int(highest)
+        self._graded_here = set()
+
     def graded_iterations(self, iterations: Iterable[int]) -> set[int]:
-        """Those of ``iterations`` with at least one stored grade (the unique key's index, a statement per few
-        hundred iterations)."""
+        """Those of ``iterations`` with at least one stored grade: from memory, or the unique key's index (a
+        statement per few hundred iterations) for those graded before the store opened."""
+        wanted = set(iterations)
         out: set[int] = set()
-        for part in _parts(sorted(set(iterations)), _KEYS_PER_STATEMENT):
+        if self._graded_through is not None:
+            # The store's thread adds to the set meanwhile: one operation each, whole under the interpreter lock.
+            out = wanted & self._graded_here
+            wanted = {i for i in wanted - out if i <= self._graded_through}
+        for part in _parts(sorted(wanted), _KEYS_PER_STATEMENT):
             marks = ",".join("?" * len(part))
             out.update(
                 i
@@ -185,6 +202,9 @@ class GradeQueries(StateConnection):
                         passes, fails, n_groups, streak, streak_before, (last_iteration, last_slot), served
                     )
             folded = self._fold([r for r in foldable if r.key in written], groups, items)
+            if self._graded_through is not None:
+                graded = {r.key[0] for r in rows}
+                self._db.after_commit(lambda: self._graded_here.update(graded))
         return StoredGrades([written.get(r.key, "exists") for r in rows], *folded)
 
     def _fold(
