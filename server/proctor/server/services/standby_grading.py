@@ -14,9 +14,12 @@ not hold yet) goes to the serving server whole, as any other request does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import httpx
@@ -36,7 +39,7 @@ from proctor.server.services.placement import Completion, Graded
 from proctor.server.services.rollouts import Written
 from proctor.server.settings import Settings
 from proctor.server.sources.base import SampleId
-from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow, IterationRow
+from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow
 from proctor.server.store import StandbyReads, StateUnreachableError
 from proctor.wire import dataserver as wire
 
@@ -71,9 +74,13 @@ class _Reads:
     def __init__(self, path: str) -> None:
         self._path = path
         self._reads: StandbyReads | None = None  # opened by the first read
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proctor-standby-reads")
 
-    def run(self, read: Callable[[StandbyReads], T]) -> T:
-        # Inline on the event loop, as the serving server's own look-ups: indexed reads of one round trip.
+    async def run(self, read: Callable[[StandbyReads], T]) -> T:
+        # On a thread of its own: each read is a round trip to the database, which would hold the event loop.
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._run, read)
+
+    def _run(self, read: Callable[[StandbyReads], T]) -> T:
         try:
             if self._reads is None:
                 self._reads = StandbyReads(self._path)
@@ -83,10 +90,14 @@ class _Reads:
         except Exception as exc:
             if self._reads is None or not isinstance(exc, self._reads.errors):
                 raise
-            self.close()
+            self._close()
             raise UnavailableError(f"the state database failed a read ({error_line(exc)}); retry") from None
 
     def close(self) -> None:
+        self._thread.submit(self._close).result()
+        self._thread.shutdown()
+
+    def _close(self) -> None:
         if self._reads is not None:
             with contextlib.suppress(Exception):
                 self._reads.close()
@@ -104,11 +115,11 @@ class _StandbyLookups:
 
     async def graded_iterations(self, iterations: Iterable[int]) -> set[int]:
         wanted = list(iterations)
-        return self._reads.run(lambda r: r.graded_iterations(wanted))
+        return await self._reads.run(lambda r: r.graded_iterations(wanted))
 
     async def find_grades(self, keys: Iterable[GradeKey]) -> dict[GradeKey, GradeRow]:
         wanted = list(keys)
-        return self._reads.run(lambda r: r.find_grades(wanted))
+        return await self._reads.run(lambda r: r.find_grades(wanted))
 
     async def latest_served(self, sample_ids: Iterable[str]) -> dict[str, int]:
         # The serving server holds the latest steps' ids in memory before it writes them: only it can tell.
@@ -132,31 +143,31 @@ class ServingSteps:
         self._serving = serving
         self._unreachable = unreachable
         self._api_key = api_key
-        self._stages: dict[int, int] = {}
+        self._stages: OrderedDict[int, int] = OrderedDict()  # the latest placed last
 
     @property
     def last_iteration(self) -> int | None:
         return None  # only asked of requests without an iteration, which go to the serving server
 
     def stage_of(self, iteration: int) -> int:
-        # Read with the step's batch, which a standby places first.
+        # Read with the step's batch, which a standby places first (the oldest stages are forgotten first, so the
+        # one just read is kept).
         stage = self._stages.get(iteration)
-        return self._row(iteration).stage if stage is None else stage
+        if stage is None:
+            raise ServedElsewhere(f"the stage of iteration {iteration} was not read with its batch")
+        return stage
 
     async def sample_ids(self, iteration: int) -> Sequence[str] | None:
         # Read each time rather than kept: a refill round may extend a step's batch after it was sampled.
-        row = self._row(iteration)
-        if len(self._stages) >= _BATCHES_KEPT:
-            self._stages.clear()
-        self._stages[iteration] = row.stage
-        return tuple(s["sample_id"] for s in row.samples)
-
-    def _row(self, iteration: int) -> IterationRow:
-        row = self._reads.run(lambda r: r.get_iteration(iteration))
+        row = await self._reads.run(lambda r: r.get_iteration(iteration))
         if row is None:
             # Not sampled yet, or in a commit not yet visible: the serving server decides what it is.
             raise ServedElsewhere(f"iteration {iteration} is not in the database")
-        return row
+        self._stages[iteration] = row.stage
+        self._stages.move_to_end(iteration)
+        while len(self._stages) > _BATCHES_KEPT:
+            self._stages.popitem(last=False)
+        return tuple(s["sample_id"] for s in row.samples)
 
     async def write_graded(self, graded: Sequence[Graded], *, lease_s: float) -> Written:
         items = [
