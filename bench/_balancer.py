@@ -34,6 +34,7 @@ def nginx_config(upstreams: Sequence[str], listen: str) -> str:
   }}
   server {{
     listen {listen};
+    keepalive_requests 1000000;
     client_max_body_size 8m;
     client_body_buffer_size 8m;
     proxy_connect_timeout 2s;
