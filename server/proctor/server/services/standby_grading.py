@@ -75,9 +75,12 @@ class _Reads:
         self._path = path
         self._reads: StandbyReads | None = None  # opened by the first read
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proctor-standby-reads")
+        self._closed = False
 
     async def run(self, read: Callable[[StandbyReads], T]) -> T:
         # On a thread of its own: each read is a round trip to the database, which would hold the event loop.
+        if self._closed:  # this server no longer stands by: a request begun before it took over
+            raise UnavailableError("this server stopped standing by while the request was graded; retry")
         return await asyncio.get_running_loop().run_in_executor(self._thread, self._run, read)
 
     def _run(self, read: Callable[[StandbyReads], T]) -> T:
@@ -94,6 +97,7 @@ class _Reads:
             raise UnavailableError(f"the state database failed a read ({error_line(exc)}); retry") from None
 
     def close(self) -> None:
+        self._closed = True
         self._thread.submit(self._close).result()
         self._thread.shutdown()
 
