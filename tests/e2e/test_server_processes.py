@@ -116,3 +116,21 @@ def test_several_processes_share_the_port_and_one_killed_is_replaced(
     nxt = answered(partial(httpx.post, url + "/sample", json={"iteration": 1, "batch_size": BATCH}, timeout=30))
     assert nxt.status_code == 200, nxt.text
     assert server.log.read_text().count("starting another") == 2
+
+
+def test_the_processes_share_the_default_grader_processes(
+    server_process: Callable[..., Any],
+    curriculum_file: Path,
+    postgresql_cluster: PostgreSQLCluster,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The default: a grader process per core for the server, split among its processes.
+    monkeypatch.delenv("PROCTOR_GRADER_WORKERS", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    server = server_process(
+        [str(curriculum_file), "--database-url", postgresql_cluster.new_database(), "--workers", "2"]
+    )
+    eventually(lambda: serving_gauges(server.url) == {0.0, 1.0}, "both processes answer on the port")
+    started = [line for line in server.log.read_text().splitlines() if "grader processes" in line]
+    assert len(started) == 2
+    assert all(line.endswith(f"; {max(1, cores // 2)} grader processes") for line in started), started

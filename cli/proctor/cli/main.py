@@ -134,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve_p.add_argument(
         "--grader-workers",
         type=int,
-        help="grader processes; 0 leaves grading to proctor grade-workers (default: one per core, "
-        "env PROCTOR_GRADER_WORKERS)",
+        help="grader processes; 0 leaves grading to proctor grade-workers (default: one per core, divided among "
+        "--workers processes; env PROCTOR_GRADER_WORKERS)",
     )
     serve_p.add_argument(
         "--log-level",

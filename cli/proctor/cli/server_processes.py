@@ -40,7 +40,12 @@ def supervise(settings: Settings) -> int:
     # handed no connection.
     holder = _bound(settings.host, settings.port)
     port = holder.getsockname()[1]
-    settings = settings.model_copy(update={"port": port})
+    update: dict[str, object] = {"port": port}
+    if "grader_workers" not in settings.model_fields_set:
+        # The default is a grader process per core for the whole server, not for each of its processes, which
+        # share the cores (and each grader process's memory is a full interpreter's).
+        update["grader_workers"] = max(1, settings.grader_workers // settings.workers)
+    settings = settings.model_copy(update=update)
     spawn = multiprocessing.get_context("spawn")
     stopping = False
 
