@@ -337,3 +337,31 @@ async def test_close_stops_every_worker(graders: dict[str, LocalGrader]) -> None
 def test_a_pool_needs_a_worker() -> None:
     with pytest.raises(ValueError, match="at least 1 worker"):
         GraderPool(0)
+
+
+def _grader_processes() -> list[int]:
+    """This process's children that run a grader worker and have not ended, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"proctor.server.grading.pool" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_start_cancelled_midway_stops_the_processes_it_started() -> None:
+    pool = GraderPool(2)
+    start = asyncio.create_task(pool.start())
+    while not _grader_processes():  # until a worker process exists (it is still importing, not yet ready)
+        await asyncio.sleep(0.01)
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    assert _grader_processes() == []
+    assert pool.pids() == {}

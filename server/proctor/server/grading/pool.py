@@ -227,7 +227,16 @@ class GraderPool:
         self.replaced = 0
 
     async def start(self) -> None:
-        workers = await asyncio.gather(*(asyncio.to_thread(self._spawn) for _ in range(self.size)))
+        """Start the worker processes; on failure or cancellation, those started are stopped again."""
+        # Threads run on when the call that awaits them is cancelled: each is awaited through a shield, so that
+        # the processes a cancelled start had under way are known, and stopped, before it ends.
+        spawns = [asyncio.ensure_future(asyncio.to_thread(self._spawn)) for _ in range(self.size)]
+        try:
+            workers = await asyncio.gather(*(asyncio.shield(s) for s in spawns))
+        except BaseException:
+            await asyncio.gather(*spawns, return_exceptions=True)
+            await self.close()
+            raise
         for w in workers:
             self._idle.put(w)
 
