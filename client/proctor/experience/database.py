@@ -139,30 +139,26 @@ class Database:
         self._deferred.append((self._pg(sql), params))
 
     def _flush(self, sql: str | None = None, params: Sequence[Any] = ()) -> Any:
-        """The deferred statements, then ``sql``, in one round trip; ``sql``'s cursor."""
+        """The deferred statements, then ``sql`` (already in psycopg's form), in one round trip; ``sql``'s cursor."""
+        cursors = self._pipelined([] if sql is None else [(sql, params)])
+        return cursors[0] if cursors else None
+
+    def _pipelined(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """The deferred statements, then ``statements`` (in psycopg's form), in one round trip; their cursors."""
         raw = self.raw
         assert not isinstance(raw, sqlite3.Connection)  # only PostgreSQL defers
         deferred, self._deferred = self._deferred, []
-        cursor = None
         with raw.pipeline():
             for statement, values in deferred:
                 raw.execute(statement, values)
-            if sql is not None:
-                cursor = raw.execute(sql, params)
-        return cursor
+            return [raw.execute(sql, params) for sql, params in statements]
 
     def fetch_together(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Any]]:
         """Each statement's rows, in order. PostgreSQL runs them (after the deferred writes) in one round trip;
         for statements of which none needs another's result."""
         if isinstance(self.raw, sqlite3.Connection):
             return [self.raw.execute(sql, params).fetchall() for sql, params in statements]
-        raw = self.raw
-        deferred, self._deferred = self._deferred, []
-        with raw.pipeline():
-            for statement, values in deferred:
-                raw.execute(statement, values)
-            cursors = [raw.execute(self._pg(sql), params) for sql, params in statements]
-        return [cursor.fetchall() for cursor in cursors]
+        return [cursor.fetchall() for cursor in self._pipelined([(self._pg(sql), p) for sql, p in statements])]
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         if isinstance(self.raw, sqlite3.Connection):

@@ -96,9 +96,10 @@ class _Reads:
             self._close()
             raise UnavailableError(f"the state database failed a read ({error_line(exc)}); retry") from None
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        # On its thread, after any read in flight, without holding the event loop meanwhile.
         self._closed = True
-        self._thread.submit(self._close).result()
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
         self._thread.shutdown()
 
     def _close(self) -> None:
@@ -270,7 +271,7 @@ class StandbyGrading:
             await pool.start()
         except BaseException:
             await http.aclose()
-            reads.close()
+            await reads.close()
             raise
         timeout_s = settings.grader_timeout_s
         fanout = GraderFanout(pool, http, metrics, timeout_s, judge_api_key=settings.judge_api_key)
@@ -292,7 +293,7 @@ class StandbyGrading:
         await self._pool.close()
         await self._fanout.aclose()
         await self._http.aclose()
-        self._reads.close()
+        await self._reads.close()
 
 
 def _key(value: Sequence[Any]) -> GradeKey:

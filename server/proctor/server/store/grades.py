@@ -214,24 +214,24 @@ class GradeQueries(StateConnection):
         stored_items: Mapping[tuple[str, int], ItemState],
     ) -> tuple[list[tuple[str, int, ItemState]], list[GroupChange]]:
         """Fold ``rows`` into their groups and records (whose stored states are given) and write those."""
-        if not rows:
-            return [], []
         tracking = self._tracking
-        group_keys = list(dict.fromkeys((r.key[0], r.key[1], r.key[2]) for r in rows))
-        groups = {k: stored_groups[k] for k in group_keys}
-        first = dict(groups)
-        record_keys = list(
-            dict.fromkeys((r.source, _record_key(r.key[1])) for r in rows if r.source in tracking.finite)
-        )
-        items = {k: stored_items[k] for k in record_keys}
+        first: dict[tuple[int, str, int], GroupState] = {}  # each group's state before, in the order first met
+        groups: dict[tuple[int, str, int], GroupState] = {}
+        source_of: dict[tuple[int, str, int], str] = {}
+        items: dict[tuple[str, int], ItemState] = {}
         for r in rows:
             gkey = (r.key[0], r.key[1], r.key[2])
+            if gkey not in groups:
+                groups[gkey] = first[gkey] = stored_groups[gkey]
+                source_of[gkey] = r.source
             group = groups[gkey]
             updated = groups[gkey] = group.add(r.reward)
             if r.source in tracking.finite:
                 ikey = (r.source, _record_key(r.key[1]))
                 passed = r.reward >= tracking.pass_thresholds.get(r.source, 1.0)
-                items[ikey] = fold_grade(items[ikey], group, updated, (r.key[0], r.key[2]), passed, tracking.decay)
+                item = items[ikey] if ikey in items else stored_items[ikey]
+                items[ikey] = fold_grade(item, group, updated, (r.key[0], r.key[2]), passed, tracking.decay)
+        group_keys, record_keys = list(groups), list(items)
         for gpart in _parts(group_keys, _ROWS_PER_STATEMENT):
             values, params = self._db.rows(
                 (*_GROUP_TYPES, "bigint", "double precision", "double precision"),
@@ -270,7 +270,6 @@ class GradeQueries(StateConnection):
                 " last_iteration = excluded.last_iteration, last_slot = excluded.last_slot",
                 params,
             )
-        source_of = {(r.key[0], r.key[1], r.key[2]): r.source for r in rows}
         changes = [GroupChange(k[0], k[1], k[2], source_of[k], first[k], groups[k]) for k in group_keys]
         return [(source, key, items[(source, key)]) for source, key in record_keys], changes
 
