@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from proctor.server.state.rows import NO_SLOT, GradeRow, IterationRow, TransitionRecord
-from proctor.server.store import SCHEMA_VERSION, StateInUseError, StateMismatchError, Store, redacted
+from proctor.server.store import SCHEMA_VERSION, StateInUseError, StateMismatchError, Store, grades, redacted
 
 
 def open_store(path: Path | str) -> Store:
@@ -275,6 +275,17 @@ def test_graded_iterations_counts_grades_stored_before_and_since_the_store_opene
     store.close()
     store = open_store(state)
     assert store.graded_iterations(range(12)) == {3, 5, 7, 9}
+    store.close()
+
+
+def test_graded_iterations_stay_right_past_what_memory_keeps(state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grades, "GRADED_KEPT", 4)  # a long run's worth, in a few iterations
+    store = open_store(state)
+    graded: set[int] = set()
+    for iteration in range(0, 40, 3):
+        store.insert_grades([GradeRow((iteration, "add:0123456789:1", 0, 0, "sha"), 0, "add", 1.0, {}, None)])
+        graded.add(iteration)
+        assert store.graded_iterations(range(45)) == graded
     store.close()
 
 

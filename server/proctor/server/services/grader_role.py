@@ -15,17 +15,22 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
-from proctor.experience import Dispatch, ExperienceError, LeaseError, UnknownIterationError
+from proctor.experience import Dispatch, ExperienceError, LeaseError, UnknownIterationError, Value
 from proctor.experience import columns as col
 from proctor.server.exceptions import RequestError
 from proctor.server.grading.fanout import GraderFanout
 from proctor.server.services.grade_rows import grade_rows
 from proctor.server.services.rollouts import Rollouts
+from proctor.wire import experience as dw
 
 __all__ = ["LEASE_S", "GraderRole", "grade_lease", "grading_time", "renewing"]
 
 log = logging.getLogger("proctor.grading")
+
+T = TypeVar("T")
+_Cells = dict[str, list[bytes | None]]  # stored cells, by column
 
 ROWS_PER_DISPATCH = 256
 LEASE_S = 30.0
@@ -66,17 +71,29 @@ async def renewing(renew: Callable[[str, float], Awaitable[float]], lease: str, 
 async def grade_lease(rollouts: Rollouts, fanout: GraderFanout, batch: Dispatch, lease_s: float) -> None:
     """The grader role's work for one lease: grade its rows (renewing the lease meanwhile) and collect their
     rewards, stored as grades (read from the rows' cells) in the same transaction."""
+    await _grade(rollouts, fanout, batch, lease_s, lambda lease, columns: rollouts.collect(lease, columns))
+
+
+async def _grade(
+    rollouts: Rollouts,
+    fanout: GraderFanout,
+    batch: Dispatch,
+    lease_s: float,
+    collect: Callable[[str, dict[str, list[Value]]], Awaitable[T]],
+) -> T | None:
+    """:func:`grade_lease`, its collection made by ``collect``: its outcome, None when the lease had ended."""
     assert batch.lease is not None
     async with renewing(rollouts.renew, batch.lease, lease_s):
         columns = await grade_rows(fanout, rollouts.ctx.curriculum.graders, batch.columns)
     try:
-        await rollouts.collect(batch.lease, columns)
+        return await collect(batch.lease, columns)
     except RequestError as exc:
         if exc.code not in (LeaseError.code, UnknownIterationError.code):
             raise
         # The lease ended under a very slow batch (its rows went back to the pool, for another holder), or
         # retention dropped its table: the store keeps nothing of this result.
         log.warning("the rewards of a dispatch of table %s were not kept: %s", batch.iteration, exc)
+        return None
 
 
 class GraderRole:
@@ -87,7 +104,31 @@ class GraderRole:
         self.fanout = fanout
         self.lease_s = lease_s
         self._tasks: list[asyncio.Task[None]] = []
+        self._grading: set[asyncio.Task[_Cells | None]] = set()  # the rows of writers that wait for their rewards
         self._stopping = False
+
+    async def grade_written(self, iteration: int, body: dw.PutRequest) -> _Cells | None:
+        """A write whose writer waits for what the role makes of its rows (``body.read``): the rows claimed by
+        this role in the write's store call, graded at once rather than when one of the role's loops next
+        looks, and the ``read`` cells read in the collection's store call. Those cells (None where not written:
+        rows another holder of the role holds), or None when this role claimed none of the rows. A writer that
+        goes away meanwhile leaves its rows to be graded all the same."""
+        batch = await self.rollouts.put_and_claim(iteration, body, lease_s=self.lease_s)
+        if batch.lease is None:
+            return None  # graded already, or held by another holder of the role: the writer's read waits for them
+
+        def collect(lease: str, columns: dict[str, list[Value]]) -> Awaitable[_Cells]:
+            return self.rollouts.collect_and_read(lease, columns, body.rows, body.read)
+
+        task = asyncio.create_task(_grade(self.rollouts, self.fanout, batch, self.lease_s, collect))
+        self._grading.add(task)
+        task.add_done_callback(self._graded)
+        return await asyncio.shield(task)
+
+    def _graded(self, task: asyncio.Task[_Cells | None]) -> None:
+        self._grading.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # seen here too, should the writer be gone
+            log.warning("grading a writer's rows failed; they go back to the pool: %s", task.exception())
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run(), name=f"grader-role-{n}") for n in range(_LOOPS)]
@@ -95,11 +136,14 @@ class GraderRole:
     async def close(self) -> None:
         # A cancellation that lands as a wait ends can be lost (asyncio.wait_for); the flag ends the loop anyway.
         self._stopping = True
-        for task in self._tasks:
+        grading = tuple(self._grading)
+        for task in (*self._tasks, *grading):
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # A writer's rows left ungraded go back to the pool when their lease ends, as any holder's do.
+        await asyncio.gather(*grading, return_exceptions=True)
 
     async def _run(self) -> None:
         x = self.rollouts.experience

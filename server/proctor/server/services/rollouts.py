@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from proctor.experience import (
     CellsMissingError,
     Collected,
+    Dispatch,
     ExperienceError,
     ExperienceStore,
     LeaseError,
@@ -45,6 +46,7 @@ from proctor.server.services.recording import Recorded
 from proctor.server.services.sampling import SamplingService
 from proctor.server.services.waiting import Awaited, Signal, when_delivered
 from proctor.server.state.rows import GradeKey, GradeRow, StoredGrades
+from proctor.server.store import Store
 from proctor.wire import dataserver as wire
 from proctor.wire import experience as dw
 
@@ -213,6 +215,14 @@ class Rollouts:
         await x.call(_put, x.store, iteration, body)
         await self.written.notify()
 
+    async def put_and_claim(self, iteration: int, body: dw.PutRequest, *, lease_s: float) -> Dispatch:
+        """:meth:`put`, and in the same store call and transaction, those of its rows that are ready for the
+        grader role leased to the caller as the role (with the columns it grades from)."""
+        x = self.experience
+        batch = await x.call(_put_and_claim, x.store, iteration, body, lease_s)
+        await self.written.notify()
+        return batch
+
     async def enqueue(self, completions: Sequence[Completion]) -> list[tuple[int, int, int]]:
         """Write completions to their rows (a step's slot, or the step's loose completions), for the grader
         role elsewhere (remote grade-workers, which poll); returns each one's ``(table, slot, index)``."""
@@ -312,6 +322,16 @@ class Rollouts:
         recorded = await x.call(recording.collect_and_record, x.store, x.state, lease, columns, self._stage_of)
         await self._counted(recorded)
         return recorded
+
+    async def collect_and_read(
+        self, lease: str, columns: Mapping[str, Sequence[Value]], rows: Sequence[RowKey], names: Sequence[str]
+    ) -> dict[str, list[bytes | None]]:
+        """:meth:`collect`, then, in the same store call, the stored bytes of the cells ``names`` of ``rows`` in
+        the lease's table (None where not written): what a writer that waits for its rewards reads."""
+        x = self.experience
+        recorded, cells = await x.call(_collect_and_read, x.store, x.state, lease, columns, self._stage_of, rows, names)
+        await self._counted(recorded)
+        return cells
 
     async def collect_wire(
         self, lease: str, body: dw.CollectRequest, then: Callable[[ExperienceStore, str], T] | None = None
@@ -492,6 +512,26 @@ class Rollouts:
 def _put(experience: ExperienceStore, iteration: int, body: dw.PutRequest) -> None:
     # Decoding the arrays is work that grows with the body: it runs on the store's thread too.
     experience.put(iteration, body.rows, dw.columns_from_wire(body.columns))
+
+
+def _put_and_claim(experience: ExperienceStore, iteration: int, body: dw.PutRequest, lease_s: float) -> Dispatch:
+    with experience.batch():
+        _put(experience, iteration, body)
+        return experience.claim(col.GRADER.name, iteration, body.rows, lease_s=lease_s)
+
+
+def _collect_and_read(
+    experience: ExperienceStore,
+    state: Store,
+    lease: str,
+    columns: Mapping[str, Sequence[Value]],
+    stage_of: Callable[[int], int],
+    rows: Sequence[RowKey],
+    names: Sequence[str],
+) -> tuple[Recorded, dict[str, list[bytes | None]]]:
+    with experience.batch():
+        recorded = recording.collect_and_record(experience, state, lease, columns, stage_of)
+        return recorded, experience.read_cells(recorded.collected.iteration, rows, names, missing="none")
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:

@@ -18,7 +18,9 @@ from proctor.server.state.rows import (
 )
 from proctor.server.store.connection import _KEYS_PER_STATEMENT, _ROWS_PER_STATEMENT, StateConnection, _parts
 
-__all__ = ["GradeQueries"]
+__all__ = ["GRADED_KEPT", "GradeQueries"]
+
+GRADED_KEPT = 65_536  # iterations the serving store remembers having grades (a few MiB); older ones are looked up
 
 # Per group of grades: the error-free ones, the errors, the error-free rewards' sum.
 _GRADE_SUMS = (
@@ -66,15 +68,29 @@ class GradeQueries(StateConnection):
         self._graded_through = -1 if highest is None else int(highest)
         self._graded_here = set()
 
+    def _remember_graded(self, iterations: set[int]) -> None:
+        """Add to the iterations known to have grades; past ``GRADED_KEPT`` of them, the older half is asked of
+        the database from then on, so that memory stays bounded over a run of any length."""
+        self._graded_here.update(iterations)
+        if len(self._graded_here) <= GRADED_KEPT:
+            return
+        floor = sorted(self._graded_here)[len(self._graded_here) // 2]
+        # The bound first, the smaller set after: a reader that takes the set first, then the bound, never
+        # misses an iteration (see graded_iterations).
+        self._graded_through = floor if self._graded_through is None else max(floor, self._graded_through)
+        self._graded_here = {i for i in self._graded_here if i > floor}
+
     def graded_iterations(self, iterations: Iterable[int]) -> set[int]:
         """Those of ``iterations`` with at least one stored grade: from memory, or the unique key's index (a
         statement per few hundred iterations) for those graded before the store opened."""
         wanted = set(iterations)
         out: set[int] = set()
         if self._graded_through is not None:
-            # The store's thread adds to the set meanwhile: one operation each, whole under the interpreter lock.
-            out = wanted & self._graded_here
-            wanted = {i for i in wanted - out if i <= self._graded_through}
+            # The store's thread changes both meanwhile, each in one operation under the interpreter lock.
+            here = self._graded_here
+            through = self._graded_through
+            out = wanted & here
+            wanted = {i for i in wanted - out if i <= through}
         for part in _parts(sorted(wanted), _KEYS_PER_STATEMENT):
             marks = ",".join("?" * len(part))
             out.update(
@@ -204,7 +220,7 @@ class GradeQueries(StateConnection):
             folded = self._fold([r for r in foldable if r.key in written], groups, items)
             if self._graded_through is not None:
                 graded = {r.key[0] for r in rows}
-                self._db.after_commit(lambda: self._graded_here.update(graded))
+                self._db.after_commit(lambda: self._remember_graded(graded))
         return StoredGrades([written.get(r.key, "exists") for r in rows], *folded)
 
     def _fold(
