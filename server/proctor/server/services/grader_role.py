@@ -1,7 +1,9 @@
 """The dataserver's own grader role: its pool of grader processes as one consumer of the experience store.
 
 Two loops take turns: while one grades a dispatch, the other can already claim the next rows. A loop sleeps
-until rows are written (or a second passes, for leases of dead remote workers that expire meanwhile).
+until rows are written (or a second passes, for leases of dead remote workers that expire meanwhile). A writer
+that waits for its rewards (``put_and_read``) does not wait for the loops: its own rows are claimed with its
+write and graded at once (:meth:`GraderRole.grade_written`).
 
 Every grader role, here or in a ``proctor grade-worker``, holds its rows under a short lease that it renews
 while it grades (:func:`renewing`): a holder that dies, or a server restarted under it, gives the rows back

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import httpcore
 import httpx
 
 from proctor.errors import ProctorError
@@ -56,6 +57,13 @@ __all__ = [
 
 T = TypeVar("T")
 TOKEN_HEADER = "x-proctor-replica-token"
+_TIMEOUT: dict[str, Any] = {"timeout": {"connect": 2.0}}  # then as long as the serving server takes
+_TRANSPORT_ERRORS = (
+    httpcore.NetworkError,
+    httpcore.TimeoutException,
+    httpcore.ProtocolError,
+    httpcore.UnsupportedProtocol,
+)
 _BATCHES_KEPT = 256  # steps whose stage a standby remembers (a step's stage never changes once sampled)
 
 
@@ -133,18 +141,20 @@ class _StandbyLookups:
 
 class ServingSteps:
     """The served steps as a standby sees them (each sampled step's batch, read from the database), and the
-    serving server's experience store, reached over HTTP."""
+    serving server's experience store, reached over HTTP (httpcore's connection pool rather than an httpx
+    client: each ``/grade`` makes such a call, and httpx's layers took more of the standby's interpreter than the
+    request's own encoding)."""
 
     def __init__(
         self,
         reads: _Reads,
-        http: httpx.AsyncClient,
+        peers: httpcore.AsyncConnectionPool,
         serving: Serving,
         unreachable: Callable[[], None],
         api_key: str | None,
     ) -> None:
         self._reads = reads
-        self._http = http
+        self._peers = peers
         self._serving = serving
         self._unreachable = unreachable
         self._api_key = api_key
@@ -212,25 +222,27 @@ class ServingSteps:
         if serving is None:
             raise UnavailableError("this server stands by and no serving server is known yet; retry")
         url, token = serving
-        headers = {TOKEN_HEADER: token, "content-type": "application/json"}
+        headers = [(TOKEN_HEADER.encode(), token.encode()), (b"content-type", b"application/json")]
         if self._api_key is not None:
-            headers["authorization"] = f"Bearer {self._api_key}"
+            headers.append((b"authorization", f"Bearer {self._api_key}".encode()))
         try:
-            answer = await self._http.post(url.rstrip("/") + path, content=json.dumps(body), headers=headers)
-        except httpx.TransportError as exc:
+            answer = await self._peers.request(
+                "POST", url.rstrip("/") + path, headers=headers, content=json.dumps(body).encode(), extensions=_TIMEOUT
+            )
+        except _TRANSPORT_ERRORS as exc:
             self._unreachable()  # the standby looks at the database's lock now, not at its next look
             raise UnavailableError(
                 f"this server stands by, and the serving one at {url} does not answer ({type(exc).__name__}); "
                 "a standby takes over within seconds: retry"
             ) from None
-        if answer.status_code != 200:
+        if answer.status != 200:
             try:
-                refused = answer.json()
+                refused = json.loads(answer.content)
                 detail, code = str(refused["detail"]), refused.get("code")
             except (ValueError, KeyError, TypeError):
-                detail, code = f"the serving server at {url} answered {answer.status_code}", None
-            raise RelayedError(answer.status_code, detail, code=code)
-        return answer.json()
+                detail, code = f"the serving server at {url} answered {answer.status}", None
+            raise RelayedError(answer.status, detail, code=code)
+        return json.loads(answer.content)
 
 
 class StandbyGrading:
@@ -244,6 +256,7 @@ class StandbyGrading:
         fanout: GraderFanout,
         reads: _Reads,
         http: httpx.AsyncClient,
+        peers: httpcore.AsyncConnectionPool,
         metrics: Metrics,
     ) -> None:
         self._service = service
@@ -252,6 +265,7 @@ class StandbyGrading:
         self._fanout = fanout
         self._reads = reads
         self._http = http
+        self._peers = peers
 
     @classmethod
     async def start(
@@ -267,18 +281,20 @@ class StandbyGrading:
         reads = _Reads(path)
         pool = GraderPool(settings.grader_workers, graders=local_refs(curriculum.graders))
         http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0), follow_redirects=False)
+        peers = httpcore.AsyncConnectionPool()
         try:
             await pool.start()
         except BaseException:
             await http.aclose()
+            await peers.aclose()
             await reads.close()
             raise
         timeout_s = settings.grader_timeout_s
         fanout = GraderFanout(pool, http, metrics, timeout_s, judge_api_key=settings.judge_api_key)
         api_key = None if settings.api_key is None else settings.api_key.get_secret_value()
-        steps = ServingSteps(reads, http, serving, unreachable, api_key)
+        steps = ServingSteps(reads, peers, serving, unreachable, api_key)
         ctx = GradingContext(curriculum, settings, metrics, _StandbyLookups(reads), steps)
-        return cls(GradingService(ctx, fanout), pool, fanout, reads, http, metrics)
+        return cls(GradingService(ctx, fanout), pool, fanout, reads, http, peers, metrics)
 
     async def grade(self, req: wire.GradeRequest) -> wire.GradeResponse:
         """Like the serving server's ``/grade``; raises :class:`ServedElsewhere` (before anything is written) for
@@ -293,6 +309,7 @@ class StandbyGrading:
         await self._pool.close()
         await self._fanout.aclose()
         await self._http.aclose()
+        await self._peers.aclose()
         await self._reads.close()
 
 
