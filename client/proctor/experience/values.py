@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
@@ -54,6 +55,7 @@ MAX_NDIM = 4
 _CODE = {name: n for n, name in enumerate(DTYPES)}
 _JSON, _ARRAY = 0, 1  # the first byte of a stored cell
 _JSON_PREFIX = bytes([_JSON])
+_JSON_NULL = _JSON_PREFIX + b"null"
 # One encoder for every cell: json.dumps with options builds a new one per call, most of a short cell's cost.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
@@ -75,6 +77,15 @@ def encode_cell(field: str, value: Value) -> bytes:
         array = _check_array(field, value)
         header = struct.pack(f"<BBB{array.ndim}I", _ARRAY, _CODE[array.dtype.name], array.ndim, *array.shape)
         return header + np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    # The JSON text of the scalars most cells hold (rewards, token counts, a missing value), as the encoder
+    # writes it, without its general path: most of a short cell's cost.
+    kind = type(value)
+    if value is None:
+        return _JSON_NULL
+    if kind is int:
+        return _JSON_PREFIX + int.__repr__(value).encode()
+    if kind is float and math.isfinite(value):
+        return _JSON_PREFIX + float.__repr__(value).encode()
     try:
         return _JSON_PREFIX + _ENCODER.encode(value).encode()
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is a ValueError
