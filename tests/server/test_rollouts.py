@@ -124,6 +124,14 @@ def test_a_write_with_read_answers_the_grader_roles_rewards_of_its_rows(live_ser
         assert bad.json()["detail"].startswith("wait_s: ")
 
 
+def test_a_writer_that_writes_a_reward_of_its_own_reads_its_own_back(live_server: Callable[..., Any]) -> None:
+    with live_server() as url, ExperienceClient(url) as experience:
+        sample(url, 0)
+        experience.open(0, slots=SLOTS, group_size=GROUP)
+        columns: dict[str, list[Any]] = {"completion": ["no idea"], "completion_tokens": [3], "reward": [0.5]}
+        assert experience.put_and_read(0, [(0, 0)], columns, ["reward"], wait_s=30) == {"reward": [0.5]}
+
+
 def test_grade_for_an_open_table_goes_through_the_store(live_server: Callable[..., Any]) -> None:
     with live_server() as url, ExperienceClient(url) as experience:
         samples = sample(url, 0)

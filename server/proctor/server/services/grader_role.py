@@ -19,7 +19,14 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
-from proctor.experience import Dispatch, ExperienceError, LeaseError, UnknownIterationError, Value
+from proctor.experience import (
+    CellConflictError,
+    Dispatch,
+    ExperienceError,
+    LeaseError,
+    UnknownIterationError,
+    Value,
+)
 from proctor.experience import columns as col
 from proctor.server.exceptions import RequestError
 from proctor.server.grading.fanout import GraderFanout
@@ -90,10 +97,11 @@ async def _grade(
     try:
         return await collect(batch.lease, columns)
     except RequestError as exc:
-        if exc.code not in (LeaseError.code, UnknownIterationError.code):
+        if exc.code not in (LeaseError.code, UnknownIterationError.code, CellConflictError.code):
             raise
-        # The lease ended under a very slow batch (its rows went back to the pool, for another holder), or
-        # retention dropped its table: the store keeps nothing of this result.
+        # The lease ended under a very slow batch (its rows went back to the pool, for another holder), retention
+        # dropped its table, or a writer wrote a reward of its own there first: the store keeps nothing of this
+        # result.
         log.warning("the rewards of a dispatch of table %s were not kept: %s", batch.iteration, exc)
         return None
 
