@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from proctor.experience import (
@@ -80,7 +80,7 @@ async def renewing(renew: Callable[[str, float], Awaitable[float]], lease: str, 
 async def grade_lease(rollouts: Rollouts, fanout: GraderFanout, batch: Dispatch, lease_s: float) -> None:
     """The grader role's work for one lease: grade its rows (renewing the lease meanwhile) and collect their
     rewards, stored as grades (read from the rows' cells) in the same transaction."""
-    await _grade(rollouts, fanout, batch, lease_s, lambda lease, columns: rollouts.collect(lease, columns))
+    await _grade(rollouts, fanout, batch, lease_s, rollouts.collect)
 
 
 async def _grade(
@@ -88,7 +88,7 @@ async def _grade(
     fanout: GraderFanout,
     batch: Dispatch,
     lease_s: float,
-    collect: Callable[[str, dict[str, list[Value]]], Awaitable[T]],
+    collect: Callable[[str, Mapping[str, Sequence[Value]]], Awaitable[T]],
 ) -> T | None:
     """:func:`grade_lease`, its collection made by ``collect``: its outcome, None when the lease had ended."""
     assert batch.lease is not None
@@ -127,7 +127,7 @@ class GraderRole:
         if batch.lease is None:
             return None  # graded already, or held by another holder of the role: the writer's read waits for them
 
-        def collect(lease: str, columns: dict[str, list[Value]]) -> Awaitable[_Cells]:
+        def collect(lease: str, columns: Mapping[str, Sequence[Value]]) -> Awaitable[_Cells]:
             return self.rollouts.collect_and_read(lease, columns, body.rows, body.read)
 
         task = asyncio.create_task(_grade(self.rollouts, self.fanout, batch, self.lease_s, collect))

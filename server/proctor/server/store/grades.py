@@ -75,9 +75,10 @@ class GradeQueries(StateConnection):
         if len(self._graded_here) <= GRADED_KEPT:
             return
         floor = sorted(self._graded_here)[len(self._graded_here) // 2]
+        assert self._graded_through is not None  # only the serving store, which has a bound, remembers
         # The bound first, the smaller set after: a reader that takes the set first, then the bound, never
         # misses an iteration (see graded_iterations).
-        self._graded_through = floor if self._graded_through is None else max(floor, self._graded_through)
+        self._graded_through = max(floor, self._graded_through)
         self._graded_here = {i for i in self._graded_here if i > floor}
 
     def graded_iterations(self, iterations: Iterable[int]) -> set[int]:
