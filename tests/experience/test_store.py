@@ -564,6 +564,39 @@ def test_collect_marks_rows_consumed_and_consumption_follows_each_step(experienc
     assert experience.dispatch("scorer", 3).lease is None
 
 
+def test_a_row_whose_result_a_writer_wrote_is_not_handed_out_and_counts_as_consumed(
+    experience: ExperienceStore,
+) -> None:
+    ready_table(experience, slots=2, group_size=2)
+    experience.put(0, [(0, 1)], {"score": [7.0]})
+    assert counts(experience, "scorer", 0) == (4, 1, 0, 3)
+    batch = experience.dispatch("scorer", 100)
+    assert batch.lease is not None and batch.rows == ((0, 0), (1, 0), (1, 1))
+    experience.collect(batch.lease, {"score": [1.0, 2.0, 3.0]})
+    assert experience.consumption("scorer", 0) == Consumption("scorer", 0, 4, 4, 0, 0)
+    assert experience.all_consumed("scorer", 0)
+    assert experience.read(0, [(0, 1)], ["score"]) == {"score": [7.0]}
+
+
+def test_a_row_whose_result_is_written_while_it_is_leased_is_not_handed_out_again(
+    experience: ExperienceStore,
+) -> None:
+    ready_table(experience, slots=1, group_size=2)
+    held = experience.dispatch("scorer", 2, lease_s=SHORT_LEASE_S)
+    assert held.lease is not None
+    experience.put(0, [(0, 0)], {"score": [7.0]})
+    assert counts(experience, "scorer", 0) == (2, 0, 2, 0)
+    with pytest.raises(CellConflictError, match="score"):
+        experience.collect(held.lease, {"score": [1.0, 2.0]})
+    time.sleep(PAST_SHORT_LEASE_S)
+    assert counts(experience, "scorer", 0) == (2, 1, 0, 1)
+    again = experience.dispatch("scorer", 2)
+    assert again.lease is not None and again.rows == ((0, 1),)
+    experience.collect(again.lease, {"score": [2.0]})
+    assert experience.all_consumed("scorer", 0)
+    assert experience.read(0, [(0, 0), (0, 1)], ["score"]) == {"score": [7.0, 2.0]}
+
+
 def test_a_consumer_that_produces_nothing_collects_an_empty_mapping(experience: ExperienceStore) -> None:
     experience.open(0, slots=2, group_size=1)
     experience.register("logger", needs=["prompt"])

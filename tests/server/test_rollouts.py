@@ -130,6 +130,9 @@ def test_a_writer_that_writes_a_reward_of_its_own_reads_its_own_back(live_server
         experience.open(0, slots=SLOTS, group_size=GROUP)
         columns: dict[str, list[Any]] = {"completion": ["no idea"], "completion_tokens": [3], "reward": [0.5]}
         assert experience.put_and_read(0, [(0, 0)], columns, ["reward"], wait_s=30) == {"reward": [0.5]}
+        # The grader role holds nothing there: it has no result to give the row (it would be refused).
+        role = experience.consumption(GRADER.name, 0)
+        assert (role.consumed, role.held) == (1, 0)
 
 
 def test_grade_for_an_open_table_goes_through_the_store(live_server: Callable[..., Any]) -> None:

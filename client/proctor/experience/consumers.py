@@ -66,6 +66,7 @@ class Consumption:
     iteration: int
     rows: int
     consumed: int
+    """Rows it collected, and rows whose column it produces was written otherwise (nothing is left for it there)."""
     held: int
     """Rows under a live lease."""
     ready: int

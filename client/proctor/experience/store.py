@@ -9,7 +9,9 @@ written once (writing the same value again is a no-op, so a retried write is saf
 A column is written per row, or per slot (a value every row of the slot shares, such as its prompt).
 
 Consumers are named roles that declare the columns they need (and may write). ``dispatch`` hands a consumer
-up to ``count`` rows whose needed columns are all written and that it has not consumed, under a *lease*: no
+up to ``count`` rows whose needed columns are all written, that it has not consumed, and where none of the
+columns it writes is written yet (a writer that wrote a result itself leaves the consumer nothing to do there;
+such rows count as consumed), under a *lease*: no
 other caller of that consumer gets those rows until the lease is collected or expires, when they return to
 the pool. ``collect`` writes the consumer's results for the leased rows and marks them consumed. Each
 consumer has its own consumption state, so roles never wait for each other, only for the columns they need.
@@ -342,7 +344,7 @@ class ExperienceStore(CellStore):
             raise ExperienceInputError("lease_s", f"{lease_s} is outside (0, {self.limits.max_lease_s:g}] seconds")
 
     def _ready(self, table: Table, c: Consumer) -> npt.NDArray[np.bool_]:
-        ready = ~table.peek(table.consumed, c.name) & ~table.peek(table.held, c.name)
+        ready = ~table.peek(table.consumed, c.name) & ~table.peek(table.held, c.name) & ~_produced(table, c)
         for name in c.needs:
             ready &= table.written(name)
         return ready
@@ -545,12 +547,13 @@ class ExperienceStore(CellStore):
             c = self._consumer(consumer)
             table = self._table(iteration)
             self._expire(self._clock())
+            held = table.peek(table.held, consumer)
             return Consumption(
                 consumer,
                 iteration,
                 table.rows,
-                int(table.peek(table.consumed, consumer).sum()),
-                int(table.peek(table.held, consumer).sum()),
+                int((table.peek(table.consumed, consumer) | (_produced(table, c) & ~held)).sum()),
+                int(held.sum()),
                 int(self._ready(table, c).sum()),
             )
 
@@ -568,6 +571,15 @@ class ExperienceStore(CellStore):
     def all_consumed(self, consumer: str, iteration: int) -> bool:
         """Whether ``consumer`` has collected every row of ``iteration``'s table."""
         return self.consumption(consumer, iteration).all_consumed
+
+
+def _produced(table: Table, c: Consumer) -> npt.NDArray[np.bool_]:
+    """Rows where a column ``c`` produces is written already (by a writer, or by another consumer of that
+    column): its result could not be collected there, so they are not its work, and they count as consumed."""
+    produced = np.zeros((table.slots, table.width), dtype=bool)
+    for name in c.produces:
+        produced |= table.written(name)
+    return produced
 
 
 def _looked(wait_s: float, look: Callable[[], _Found], empty: Callable[[_Found], bool]) -> _Found:
