@@ -123,10 +123,15 @@ class Metrics:
         """Newly stored error-free grades, and the rolling rewards of the stages they moved (by stage index;
         None while a stage has none)."""
         per_source: dict[tuple[int, str], int] = {}
+        per_stage: dict[int, list[float]] = {}
         for row in rows:
             if row.error is None:
                 per_source[row.stage, row.source] = per_source.get((row.stage, row.source), 0) + 1
-                self.reward.labels(stages[row.stage]).observe(row.reward)
+                per_stage.setdefault(row.stage, []).append(row.reward)
+        for stage, rewards in per_stage.items():
+            histogram = self.reward.labels(stages[stage])  # a look-up a stage, not a completion
+            for value in rewards:
+                histogram.observe(value)
         for (stage, source), n in per_source.items():
             self.grades.labels(stages[stage], source).inc(n)
         for stage, reward in rolling.items():

@@ -30,8 +30,12 @@ async def grade_rows(
     details: list[Value] = [None] * len(ids)
     work: list[tuple[SourceGraders, GradeInput]] = []
     positions: list[int] = []
+    sources: dict[str, str | None] = {}  # the rows of a prompt share its id: parsed once
     for n, sample_id in enumerate(ids):
-        source = _source(sample_id)
+        text = str(sample_id)
+        if text not in sources:
+            sources[text] = _source(text)
+        source = sources[text]
         found = graders.get(source) if source is not None else None
         if found is None:
             details[n] = col.reward_detail({}, f"no graders for the source of sample id {sample_id!r} here")
@@ -65,8 +69,8 @@ async def grade_rows(
     return {col.REWARD: rewards, col.REWARD_DETAIL: details}
 
 
-def _source(sample_id: Value) -> str | None:
+def _source(sample_id: str) -> str | None:
     try:
-        return SampleId.parse(str(sample_id)).source
+        return SampleId.parse(sample_id).source
     except ValueError:
         return None

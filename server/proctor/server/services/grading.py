@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from proctor.experience import RowKey, Value
 from proctor.experience import columns as col
@@ -41,8 +41,6 @@ log = logging.getLogger("proctor.grading")
 
 _Row = tuple[int, int, int]
 """Where the store holds a completion: ``(table, slot, index)``."""
-_Graded = tuple[float, dict[str, float], str | None, dict[str, Any]]
-"""A grade's reward, each grader's score, and the failure, if any."""
 
 
 @dataclass(slots=True)
@@ -140,7 +138,7 @@ class GradingService:
         # The store's work (on its thread) and grading (in other processes, or remote) run outside the loop
         # share: a request waiting for them holds up no other.
         completions = self._completions(fresh, {it.key for it in fresh if it.key in stored})
-        values: dict[_Row, _Graded] = {}
+        values: dict[_Row, GradeRow] = {}
         raced: set[GradeKey] = set()
         if self.fanout is not None:
             values, raced = await self._grade_and_write(fresh, completions, self.fanout)
@@ -176,7 +174,7 @@ class GradingService:
 
     async def _grade_and_write(
         self, fresh: Sequence[_Item], completions: Sequence[Completion], fanout: GraderFanout
-    ) -> tuple[dict[_Row, _Graded], set[GradeKey]]:
+    ) -> tuple[dict[_Row, GradeRow], set[GradeKey]]:
         """Grade the completions as the grader role, on this server's graders, then write them to the store with
         their rewards and grades: one store call and one transaction, so that nothing of a request the store
         refuses is kept, and no other holder of the role takes rows graded here. Returns the rewards of the
@@ -194,36 +192,36 @@ class GradingService:
         }
         columns = await grade_rows(fanout, self.ctx.curriculum.graders, needs)
         graded: list[Graded] = []
-        values: list[_Graded] = []
         for it, c, reward, detail in zip(
             fresh, completions, columns[col.REWARD], columns[col.REWARD_DETAIL], strict=True
         ):
-            value = (float(reward), *col.parse_reward_detail(detail))
-            values.append(value)
-            graded.append(Graded(c, value[0], detail, GradeRow(it.key, it.stage, it.source, *value)))
+            grade = GradeRow(it.key, it.stage, it.source, float(reward), *col.parse_reward_detail(detail))
+            graded.append(Graded(c, grade.reward, detail, grade))
         written = await self.steps.write_graded(graded, lease_s=LEASE_S)
-        found: dict[_Row, _Graded] = {}
-        for it, row, value in zip(fresh, written.rows, values, strict=True):
+        found: dict[_Row, GradeRow] = {}
+        for it, row, g in zip(fresh, written.rows, graded, strict=True):
             it.row = row
             if row in written.collected:
-                found[row] = value
+                found[row] = g.grade
         return found, written.raced
 
-    async def _wait(self, waiting: Sequence[_Item], *, written_now: bool) -> dict[_Row, _Graded]:
+    async def _wait(self, waiting: Sequence[_Item], *, written_now: bool) -> dict[_Row, GradeRow]:
         """The rewards of rows another holder of the grader role grades (a remote grade-worker, or this
         server's role that took them first), or graded already."""
         by_table: dict[int, list[_Item]] = {}
         for it in waiting:
             by_table.setdefault(it.row[0], []).append(it)
         s = self.ctx.settings
-        out: dict[_Row, _Graded] = {}
+        out: dict[_Row, GradeRow] = {}
 
         async def one(table: int, its: list[_Item]) -> None:
             timeout = grading_time(len(its), max(s.grader_workers, 1), s.grader_timeout_s)
             rows = [it.row[1:] for it in its]
             values = await self.steps.rewards(table, rows, timeout, written_now=written_now)
             for n, it in enumerate(its):
-                out[it.row] = (float(values[col.REWARD][n]), *col.parse_reward_detail(values[col.REWARD_DETAIL][n]))
+                reward = float(values[col.REWARD][n])
+                detail = col.parse_reward_detail(values[col.REWARD_DETAIL][n])
+                out[it.row] = GradeRow(it.key, it.stage, it.source, reward, *detail)
 
         await asyncio.gather(*(one(table, its) for table, its in by_table.items()))
         return out
@@ -232,7 +230,7 @@ class GradingService:
         self,
         items: Sequence[_Item],
         fresh: Sequence[_Item],
-        values: Mapping[_Row, _Graded],
+        values: Mapping[_Row, GradeRow],
         stored: dict[GradeKey, GradeRow],
         raced: set[GradeKey],
     ) -> wire.GradeResponse:
@@ -240,9 +238,7 @@ class GradingService:
         waited for) another holder's of the grader role, or for a server killed in between, the next start's
         recovery."""
         ctx = self.ctx
-        rows: dict[GradeKey, GradeRow] = {}
-        async for it in paced(fresh):
-            rows[it.key] = GradeRow(it.key, it.stage, it.source, *values[it.row])
+        rows = {it.key: values[it.row] for it in fresh}
         if raced:
             # Another request stored the same grade meanwhile; answer with that one, counted once.
             stored.update(await ctx.storage.find_grades(raced))
@@ -269,6 +265,8 @@ class GradingService:
         next_index: dict[str | int, int] = {}
         seen: dict[tuple[str | int, int], int] = {}
         items: list[_Item] = []
+        # Each prompt's id is looked up once: a request holds several completions of each.
+        records: dict[str, tuple[str, Record | None]] = {}
         async for n, item in paced(enumerate(req.items)):
             if len(item.completion) > s.max_completion_chars:
                 raise InvalidRequestError(
@@ -276,24 +274,10 @@ class GradingService:
                     f"{len(item.completion)} characters is above this server's maximum of "
                     f"{s.max_completion_chars} (PROCTOR_MAX_COMPLETION_CHARS)",
                 )
-            sid = SampleId.parse(item.sample_id)  # its shape was checked with the wire model
-            src = self.ctx.curriculum.sources.get(sid.source)
-            if src is None:
-                known = ", ".join(sorted(self.ctx.curriculum.sources))
-                raise InvalidRequestError(
-                    f"items[{n}].sample_id",
-                    f"unknown source {sid.source!r} in {item.sample_id!r}; this server's sources are: {known}",
-                )
-            record = None
-            if sid.version == src.version:
-                try:
-                    record = src.record(sid.key)
-                except KeyError:
-                    raise InvalidRequestError(
-                        f"items[{n}].sample_id",
-                        f"source {sid.source!r} has no record {sid.key} (it has {src.size}); "
-                        "send sample ids exactly as /sample returned them",
-                    ) from None
+            found = records.get(item.sample_id)
+            if found is None:
+                found = records[item.sample_id] = self._record(n, item.sample_id)
+            source, record = found
             prompt: str | int = item.sample_id if item.slot is None else item.slot
             index = item.completion_index
             if index is None:
@@ -317,12 +301,34 @@ class GradingService:
                     index,
                     item.completion,
                     item.completion_tokens,
-                    sid.source,
+                    source,
                     record,
                     position=n,
                 )
             )
         return items
+
+    def _record(self, n: int, sample_id: str) -> tuple[str, Record | None]:
+        """The source and record of ``items[n]``'s sample id; no record when the id is stale (its source
+        changed)."""
+        sid = SampleId.parse(sample_id)  # its shape was checked with the wire model
+        src = self.ctx.curriculum.sources.get(sid.source)
+        if src is None:
+            known = ", ".join(sorted(self.ctx.curriculum.sources))
+            raise InvalidRequestError(
+                f"items[{n}].sample_id",
+                f"unknown source {sid.source!r} in {sample_id!r}; this server's sources are: {known}",
+            )
+        if sid.version != src.version:
+            return sid.source, None
+        try:
+            return sid.source, src.record(sid.key)
+        except KeyError:
+            raise InvalidRequestError(
+                f"items[{n}].sample_id",
+                f"source {sid.source!r} has no record {sid.key} (it has {src.size}); "
+                "send sample ids exactly as /sample returned them",
+            ) from None
 
     async def _place(self, items: Sequence[_Item], iteration: int) -> None:
         """Give each item its slot in the iteration's batch. A slot the client sent must hold the item's
