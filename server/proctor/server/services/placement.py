@@ -160,8 +160,11 @@ def place(
     placed: list[tuple[int, int, int] | None] = [None] * len(completions)
     loose: list[int] = []
     by_step: dict[int, list[int]] = {}
+    slots: dict[int, int] = {}  # each step's slots (0 for a step whose table is gone), looked up once
     for n, c in enumerate(completions):
-        if c.step_slot is not None and experience.has(c.step) and c.step_slot < experience.table(c.step).slots:
+        if c.step_slot is not None and c.step not in slots:
+            slots[c.step] = experience.table(c.step).slots if experience.has(c.step) else 0
+        if c.step_slot is not None and c.step_slot < slots[c.step]:
             by_step.setdefault(c.step, []).append(n)
         else:  # no slot in its step's table (a refill's slot past the batch), or a step retention dropped
             loose.append(n)
