@@ -111,7 +111,7 @@ def run(seconds: float = SECONDS, failover_seconds: float = FAILOVER_SECONDS) ->
             stop(one)
         processes = servers(pg.new_database(), 1, "workers_2", "--workers", "2")
         try:
-            _until_both_answer(processes[0].url)
+            until_both_answer(processes[0].url)
             results["workers_2"] = {
                 k: asdict(v) for k, v in asyncio.run(measure(processes[0].port, seconds, answer_of)).items()
             }
@@ -145,7 +145,7 @@ def run(seconds: float = SECONDS, failover_seconds: float = FAILOVER_SECONDS) ->
     return results
 
 
-def _until_both_answer(url: str) -> None:
+def until_both_answer(url: str) -> None:
     """Until new connections to the port have reached both processes (the serving one and the standby), and the
     standby has had a moment to start its grader processes."""
     deadline = time.monotonic() + 60

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import platform
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ GOALS = {"sample": "≥ 1.0×, p99 ≤ 10 ms", "grade": "≥ 1.0×, p99 ≤ 100 
 POSTGRESQL_GOALS = {"sample": "", "grade": "≥ 0.7×"}
 # Every sampled step's table is kept, so that each /grade finds the step it grades (a trainer grades the step it
 # just sampled; this load samples thousands first).
-_KEEP = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": "1000000"}
+KEEP_TABLES = {"PROCTOR_EXPERIENCE_KEEP_ITERATIONS": "1000000"}
 
 
 async def measure(
@@ -62,11 +63,15 @@ async def measure(
     *,
     concurrency: int = CONCURRENCY,
     pid: int | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> dict[str, Row]:
     """The two rows, ``/sample`` then ``/grade``, against the server on ``port``; with ``pid``, each with that
-    process's CPU time per request."""
+    process's CPU time per request. ``on_phase`` is called with ``"sample"``, then ``"grade"``, as each load
+    begins."""
 
-    async def timed(name: str, fn: Callable[[Connection], Awaitable[None]]) -> Row:
+    async def timed(phase: str, name: str, fn: Callable[[Connection], Awaitable[None]]) -> Row:
+        if on_phase is not None:
+            on_phase(phase)
         before = 0.0 if pid is None else process_cpu_s(pid)
         latencies, elapsed = await drive(fn, seconds=seconds, concurrency=concurrency, host="127.0.0.1", port=port)
         measured = row(name, latencies, elapsed)
@@ -82,7 +87,7 @@ async def measure(
         answer = await c.json("POST", "/sample", {"iteration": step, "batch_size": SAMPLE_BATCH})
         served.append((step, [s["sample_id"] for s in answer["samples"]]))
 
-    sample = await timed(f"/sample new iteration (batch {SAMPLE_BATCH})", new_sample)
+    sample = await timed("sample", f"/sample new iteration (batch {SAMPLE_BATCH})", new_sample)
     requests = itertools.count()
     group = GRADE_ITEMS // SAMPLE_BATCH
 
@@ -102,7 +107,7 @@ async def measure(
         ]
         await c.json("POST", "/grade", {"iteration": step, "items": items})
 
-    graded = await timed(f"/grade ({GRADE_ITEMS} completions)", grade)
+    graded = await timed("grade", f"/grade ({GRADE_ITEMS} completions)", grade)
     return {"sample": sample, "grade": graded}
 
 
@@ -119,7 +124,7 @@ def on_server(
     """The two loads against a ``proctor serve`` of ``database_url`` (``env`` added to its environment: a
     ``PYTHONPATH`` runs another checkout), its log in ``folder / f"{name}.log"``."""
     args = [str(curriculum), "--database-url", database_url, "--log-level", "warning"]
-    with ServerProcess(args, log=folder / f"{name}.log", cwd=ROOT, env={**_KEEP, **(env or {})}) as server:
+    with ServerProcess(args, log=folder / f"{name}.log", cwd=ROOT, env={**KEEP_TABLES, **(env or {})}) as server:
         return asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))
 
 
@@ -136,27 +141,37 @@ def with_grade_workers(
     grade-worker`` processes (one grader process each: as many as the server's own pool has on this machine);
     ``env`` is added to the server's and the workers' environment."""
     args = [str(curriculum), "--database-url", str(folder / f"{name}.db"), "--log-level", "warning"]
-    env = {**_KEEP, **(env or {})}
-    with ServerProcess([*args, "--grader-workers", "0"], log=folder / f"{name}.log", cwd=ROOT, env=env) as server:
-        # The worker's defaults: a dispatch takes up to 256 rows from up to 8 tables, so the rows of up to four
-        # /grade requests (a table each) in one request and one grading batch.
-        cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", server.url, "--workers", "1"]
-        workers = [
-            subprocess.Popen(
-                [*cmd, "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL, env={**os.environ, **env}
-            )
-            for _ in range(REMOTE_WORKERS)
-        ]
-        try:
-            deadline = time.monotonic() + 60
-            while dispatch_requests(server.url) < REMOTE_WORKERS and time.monotonic() < deadline:
-                time.sleep(0.05)
-            return asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))["grade"]
-        finally:
-            for w in workers:
-                w.terminate()
-            for w in workers:
-                w.wait(timeout=30)
+    env = {**KEEP_TABLES, **(env or {})}
+    with (
+        ServerProcess([*args, "--grader-workers", "0"], log=folder / f"{name}.log", cwd=ROOT, env=env) as server,
+        grade_workers(server.url, env),
+    ):
+        return asyncio.run(measure(server.port, seconds, answer_of, pid=server.pid))["grade"]
+
+
+@contextlib.contextmanager
+def grade_workers(url: str, env: dict[str, str]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The benchmark's ``proctor grade-worker`` processes for the server at ``url`` (one grader process each),
+    once each has asked the server for rows; stopped on leaving."""
+    # The worker's defaults: a dispatch takes up to 256 rows from up to 8 tables, so the rows of up to four
+    # /grade requests (a table each) in one request and one grading batch.
+    cmd = [sys.executable, "-m", "proctor.cli", "grade-worker", "--server", url, "--workers", "1"]
+    workers = [
+        subprocess.Popen(
+            [*cmd, "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL, env={**os.environ, **env}
+        )
+        for _ in range(REMOTE_WORKERS)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while dispatch_requests(url) < REMOTE_WORKERS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield workers
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.wait(timeout=30)
 
 
 def environment(seconds: float) -> dict[str, Any]:
