@@ -30,12 +30,8 @@ async def grade_rows(
     details: list[Value] = [None] * len(ids)
     work: list[tuple[SourceGraders, GradeInput]] = []
     positions: list[int] = []
-    sources: dict[str, str | None] = {}  # the rows of a prompt share its id: parsed once
     for n, sample_id in enumerate(ids):
-        text = str(sample_id)
-        if text not in sources:
-            sources[text] = _source(text)
-        source = sources[text]
+        source = _source(sample_id)
         found = graders.get(source) if source is not None else None
         if found is None:
             details[n] = col.reward_detail({}, f"no graders for the source of sample id {sample_id!r} here")
@@ -69,8 +65,8 @@ async def grade_rows(
     return {col.REWARD: rewards, col.REWARD_DETAIL: details}
 
 
-def _source(sample_id: str) -> str | None:
+def _source(sample_id: Value) -> str | None:
     try:
-        return SampleId.parse(sample_id).source
+        return SampleId.parse(str(sample_id)).source
     except ValueError:
         return None

@@ -265,8 +265,6 @@ class GradingService:
         next_index: dict[str | int, int] = {}
         seen: dict[tuple[str | int, int], int] = {}
         items: list[_Item] = []
-        # Each prompt's id is looked up once: a request holds several completions of each.
-        records: dict[str, tuple[str, Record | None]] = {}
         async for n, item in paced(enumerate(req.items)):
             if len(item.completion) > s.max_completion_chars:
                 raise InvalidRequestError(
@@ -274,10 +272,7 @@ class GradingService:
                     f"{len(item.completion)} characters is above this server's maximum of "
                     f"{s.max_completion_chars} (PROCTOR_MAX_COMPLETION_CHARS)",
                 )
-            found = records.get(item.sample_id)
-            if found is None:
-                found = records[item.sample_id] = self._record(n, item.sample_id)
-            source, record = found
+            source, record = self._record(n, item.sample_id)
             prompt: str | int = item.sample_id if item.slot is None else item.slot
             index = item.completion_index
             if index is None:

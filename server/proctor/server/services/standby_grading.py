@@ -39,7 +39,7 @@ from proctor.server.services.grading import GradingContext, GradingService
 from proctor.server.services.placement import Completion, Graded
 from proctor.server.services.rollouts import Written
 from proctor.server.settings import Settings
-from proctor.server.sources.base import Record, SampleId
+from proctor.server.sources.base import SampleId
 from proctor.server.state.rows import NO_SLOT, GradeKey, GradeRow
 from proctor.server.store import StandbyReads, StateUnreachableError
 from proctor.wire import dataserver as wire
@@ -326,14 +326,11 @@ def decode_graded(body: bytes, curriculum: Curriculum) -> tuple[list[Graded], fl
         data = json.loads(body)
         lease_s = float(data["lease_s"])
         graded = []
-        records: dict[str, Record] = {}  # the completions of a prompt share its record: looked up once
         for item in data["items"]:
             (step, slot, sample_id, index, completion, tokens, position, regrade) = item[:8]
             reward, detail, stage, source, sha = item[8:]
-            record = records.get(sample_id)
-            if record is None:
-                sid = SampleId.parse(sample_id)
-                record = records[sample_id] = curriculum.sources[sid.source].record(sid.key)
+            sid = SampleId.parse(sample_id)
+            record = curriculum.sources[sid.source].record(sid.key)
             # The standby's digest of the completion (see grade_key): the serving server is the busier of the two.
             key: GradeKey = (step, sample_id, NO_SLOT if slot is None else slot, index, str(sha))
             c = Completion(step, slot, sample_id, index, completion, tokens, record, position=position, regrade=regrade)

@@ -7,6 +7,7 @@ graded against a record other than the one it was sampled from.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from abc import ABC, abstractmethod
@@ -45,8 +46,18 @@ class SampleId:
     @classmethod
     def parse(cls, text: str) -> SampleId:
         """Parse ``source:version:key``; raises ValueError with the expected shape (the wire's own check)."""
-        source, version, key = check_sample_id(text).split(":")
-        return cls(source=source, version=version, key=int(key))
+        return _parsed(text)
+
+
+# A /grade names each of its prompts' ids once per completion, and several stages of it read them: each id is
+# parsed once while it is recent (an invalid one is not kept).
+_PARSED_KEPT = 16_384
+
+
+@functools.lru_cache(maxsize=_PARSED_KEPT)
+def _parsed(text: str) -> SampleId:
+    source, version, key = check_sample_id(text).split(":")
+    return SampleId(source=source, version=version, key=int(key))
 
 
 def content_version(*parts: Any) -> str:
