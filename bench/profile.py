@@ -143,9 +143,12 @@ def py_spy() -> str:
 
 
 class _Recorder:
-    """py-spy on each of ``pids`` during the load ``load``, from a second into it to a second before its end."""
+    """py-spy on each of ``targets`` during the load ``load``, from a second into it to a second before its end."""
 
-    def __init__(self, targets: Sequence[tuple[str, int]], load: str, seconds: float, rate: int, folder: Path):
+    def __init__(
+        self, spy: str, targets: Sequence[tuple[str, int]], load: str, seconds: float, rate: int, folder: Path
+    ):
+        self._spy = spy
         self._targets, self._load, self._rate, self._folder = targets, load, rate, folder
         self.duration = max(1, int(seconds - 2 * _MARGIN_S))
         self._thread: threading.Thread | None = None
@@ -158,7 +161,7 @@ class _Recorder:
 
     def _record(self) -> None:
         time.sleep(_MARGIN_S)
-        spy = [py_spy(), "record", "--gil", "-r", str(self._rate), "-d", str(self.duration), "-f", "raw"]
+        spy = [self._spy, "record", "--gil", "-r", str(self._rate), "-d", str(self.duration), "-f", "raw"]
         runs = [
             (
                 label,
@@ -203,15 +206,15 @@ def _children(pid: int) -> list[int]:
 
 
 def run(
-    load: str, state: str, workers: int, seconds: float, rate: int, folder: Path
+    spy: str, load: str, state: str, workers: int, seconds: float, rate: int, folder: Path
 ) -> tuple[Row, list[Recorded], float]:
-    """The load's row, each profiled process's profile, and how long py-spy recorded."""
+    """The load's row, each profiled process's profile (recorded by the py-spy at ``spy``), and how long py-spy
+    recorded."""
     curriculum, answer_of = write_rows(folder)
     with contextlib.ExitStack() as stack:
-        if state == "sqlite":
-            database = str(folder / "state.db")
-        else:
-            database = stack.enter_context(cluster()).new_database() if state == "postgresql" else str(folder / "r.db")
+        database = str(folder / "state.db")
+        if state == "postgresql":
+            database = stack.enter_context(cluster()).new_database()
         args = [str(curriculum), "--database-url", database, "--log-level", "warning"]
         if workers > 1:
             args += ["--workers", str(workers)]
@@ -225,7 +228,7 @@ def run(
         if state == "remote":
             remote = stack.enter_context(grade_workers(server.url, KEEP_TABLES))
             targets += [(f"grade-worker {n}", w.pid) for n, w in enumerate(remote)]
-        recorder = _Recorder(targets, load, seconds, rate, folder)
+        recorder = _Recorder(spy, targets, load, seconds, rate, folder)
         rows = asyncio.run(measure(server.port, seconds, answer_of, on_phase=recorder.on_phase))
         return rows[load], recorder.profiles(), float(recorder.duration)
 
@@ -266,9 +269,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--workers N > 1 runs server processes of one PostgreSQL database: add --state postgresql")
     if args.seconds < 3 or not 1 <= args.rate <= 1000 or args.top < 1:
         parser.error("--seconds must be at least 3, --rate 1 to 1000, --top at least 1")
-    py_spy()  # before any server starts
+    spy = py_spy()  # before any server starts
     with _folder(args.keep) as folder:
-        row, recorded, duration = run(args.load, args.state, args.workers, args.seconds, args.rate, folder)
+        row, recorded, duration = run(spy, args.load, args.state, args.workers, args.seconds, args.rate, folder)
     workers = f", --workers {args.workers}" if args.workers > 1 else ""
     print(
         f"{row.name}, {args.state}{workers}, 8 connections, {args.seconds:g} s; py-spy --gil at {args.rate} Hz for "

@@ -100,8 +100,9 @@ async def _grade(
         if exc.code not in (LeaseError.code, UnknownIterationError.code, CellConflictError.code):
             raise
         # The lease ended under a very slow batch (its rows went back to the pool, for another holder), retention
-        # dropped its table, or a writer wrote a reward of its own there first: the store keeps nothing of this
-        # result.
+        # dropped its table, or a writer wrote a reward of its own into a row while the role held it (the store
+        # hands out no row whose reward is written, so only that race gets here): the store keeps nothing of
+        # this result.
         log.warning("the rewards of a dispatch of table %s were not kept: %s", batch.iteration, exc)
         return None
 
